@@ -1,0 +1,168 @@
+"""Frozen records mirroring Triton's ``ModelConfig`` message, with Triton's defaults.
+
+Owns the shape of a model config. Knows nothing about TOML (load.py) or JSON
+(triton_json.py); nothing downstream of the loader ever sees a raw dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from nereid.datatypes import DataType
+
+__all__ = [
+    "ModelConfig",
+    "ModelInput",
+    "ModelOutput",
+    "VersionPolicy",
+    "QueuePolicy",
+    "DynamicBatching",
+    "InstanceGroup",
+    "ModelTransactionPolicy",
+    "WarmupInput",
+    "ModelWarmup",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInput:
+    """One ``[[input]]``. ``dims`` excludes the batch dimension when batching; -1 = any size."""
+
+    name: str
+    data_type: DataType
+    dims: tuple[int, ...]
+    format: str = "FORMAT_NONE"
+    reshape: tuple[int, ...] | None = None
+    is_shape_tensor: bool = False
+    allow_ragged_batch: bool = False
+    optional: bool = False
+    #: nereid extension: requests whose -1 dims differ may share a batch, padded with this.
+    pad_value: float | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """One ``[[output]]``."""
+
+    name: str
+    data_type: DataType
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    label_filename: str = ""
+    is_shape_tensor: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Which versions of a model are served: ``latest`` (the ``num_versions`` highest),
+    ``all``, or ``specific`` (the listed ``versions``)."""
+
+    kind: str = "latest"  # "latest" | "all" | "specific"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """Triton's ``ModelQueuePolicy``."""
+
+    timeout_action: str = "REJECT"  # "REJECT" | "DELAY"
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    """``[dynamic_batching]``: its presence turns the dynamic batcher on."""
+
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policy: Mapping[int, QueuePolicy] = field(default_factory=dict)
+    #: nereid extension: batches one instance may run at once.
+    max_concurrent_batches: int = 1
+
+    def queue_policy(self, priority_level: int) -> QueuePolicy:
+        """The policy in force for a priority level (the level's own, else the default)."""
+        policy = self.priority_queue_policy.get(priority_level)
+        if policy is not None:
+            return policy
+        return self.default_queue_policy or QueuePolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """One ``[[instance_group]]``. ``kind`` is ``KIND_AUTO``, ``KIND_CPU`` or ``KIND_GPU``."""
+
+    name: str = ""
+    count: int = 1
+    kind: str = "KIND_AUTO"
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTransactionPolicy:
+    decoupled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupInput:
+    """One input of a warmup sample: exactly one of zero_data, random_data, input_data_file."""
+
+    data_type: DataType
+    dims: tuple[int, ...]
+    zero_data: bool = False
+    random_data: bool = False
+    input_data_file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWarmup:
+    """One ``[[model_warmup]]`` sample, run ``count`` times on every instance."""
+
+    name: str
+    batch_size: int = 1
+    inputs: Mapping[str, WarmupInput] = field(default_factory=dict)
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A whole model config, validated. Defaults are Triton's."""
+
+    name: str
+    platform: str = ""
+    backend: str = "python"
+    runtime: str = ""
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    max_batch_size: int = 0
+    input: tuple[ModelInput, ...] = ()
+    output: tuple[ModelOutput, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    instance_group: tuple[InstanceGroup, ...] = ()
+    default_model_filename: str = "model.py"
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    model_transaction_policy: ModelTransactionPolicy | None = None
+    model_warmup: tuple[ModelWarmup, ...] = ()
+
+    @property
+    def decoupled(self) -> bool:
+        policy = self.model_transaction_policy
+        return policy is not None and policy.decoupled
+
+    def input_by_name(self, name: str) -> ModelInput | None:
+        for tensor in self.input:
+            if tensor.name == name:
+                return tensor
+        return None
+
+    def output_by_name(self, name: str) -> ModelOutput | None:
+        for tensor in self.output:
+            if tensor.name == name:
+                return tensor
+        return None

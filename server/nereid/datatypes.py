@@ -1,0 +1,84 @@
+"""One table of tensor datatypes: Triton's config name, the wire name, numpy dtype, size.
+
+Owns the mapping only; parsing and validation of tensors live in their own modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DataType", "DATATYPES", "by_config_name", "by_wire_name", "bfloat16_dtype"]
+
+
+def bfloat16_dtype() -> np.dtype:
+    """numpy's bfloat16 (from ml_dtypes, as tritonclient uses); uint16 when it is missing."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
+        return np.dtype(np.uint16)
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+@dataclass(frozen=True, slots=True)
+class DataType:
+    """A tensor element type.
+
+    ``config_name`` is the config.toml / Triton JSON spelling (``TYPE_FP32``), ``wire_name``
+    the protocol's (``FP32``), ``itemsize`` the bytes per element on the wire (0 for the
+    variable-length BYTES type), ``numpy`` the dtype the model sees (``object`` for BYTES).
+    """
+
+    config_name: str
+    wire_name: str
+    numpy: np.dtype
+    itemsize: int
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.itemsize == 0
+
+    @property
+    def json_allowed(self) -> bool:
+        """FP16 and BF16 have no JSON form in Triton (binary only, both ways)."""
+        return self.wire_name not in ("FP16", "BF16")
+
+
+def _table() -> tuple[DataType, ...]:
+    rows = [
+        ("BOOL", np.dtype(np.bool_), 1),
+        ("UINT8", np.dtype(np.uint8), 1),
+        ("UINT16", np.dtype("<u2"), 2),
+        ("UINT32", np.dtype("<u4"), 4),
+        ("UINT64", np.dtype("<u8"), 8),
+        ("INT8", np.dtype(np.int8), 1),
+        ("INT16", np.dtype("<i2"), 2),
+        ("INT32", np.dtype("<i4"), 4),
+        ("INT64", np.dtype("<i8"), 8),
+        ("FP16", np.dtype("<f2"), 2),
+        ("BF16", bfloat16_dtype(), 2),
+        ("FP32", np.dtype("<f4"), 4),
+        ("FP64", np.dtype("<f8"), 8),
+    ]
+    table = [DataType("TYPE_" + wire, wire, dtype, size) for wire, dtype, size in rows]
+    table.append(DataType("TYPE_STRING", "BYTES", np.dtype(object), 0))
+    return tuple(table)
+
+
+DATATYPES: tuple[DataType, ...] = _table()
+_BY_CONFIG = {dt.config_name: dt for dt in DATATYPES}
+_BY_WIRE = {dt.wire_name: dt for dt in DATATYPES}
+
+
+def by_config_name(name: str) -> DataType | None:
+    """``TYPE_FP32`` or ``FP32`` (either spelling) -> DataType; also accepts ``STRING``/``BYTES``."""
+    key = name if name.startswith("TYPE_") else "TYPE_" + name
+    if key == "TYPE_BYTES":
+        key = "TYPE_STRING"
+    return _BY_CONFIG.get(key)
+
+
+def by_wire_name(name: str) -> DataType | None:
+    """``FP32`` / ``BYTES`` (protocol names, exact case) -> DataType."""
+    return _BY_WIRE.get(name)

@@ -1,0 +1,67 @@
+"""The records one inference travels in: InferRequest in, InferResult out.
+
+Owns the shapes only. The HTTP codec (or the in-process API) builds an InferRequest once,
+with numpy arrays already checked against the model config; below that nobody re-checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = ["InferRequest", "RequestedOutput", "InferResult", "ParameterValue"]
+
+ParameterValue = str | int | bool | float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One entry of the request's ``outputs`` list."""
+
+    name: str
+    binary_data: bool = False
+    #: top-K classification (0: off), protocol.md §2.8.
+    classification: int = 0
+    shm_region: str | None = None
+    shm_byte_size: int = 0
+    shm_offset: int = 0
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One validated inference request.
+
+    ``inputs`` maps input name -> numpy array of the full request shape (batch dim first
+    when the model batches; BYTES inputs are object arrays of ``bytes``). ``rows`` is the
+    request's batch size (1 for non-batching models). ``outputs`` is None when the request
+    asks for every output (each then encoded per ``binary_data_output``).
+    """
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    rows: int = 1
+    id: str = ""
+    model_version: int | None = None
+    outputs: tuple[RequestedOutput, ...] | None = None
+    parameters: Mapping[str, ParameterValue] = field(default_factory=dict)
+    priority: int = 0
+    #: per-request queue timeout in microseconds (only honoured with allow_timeout_override).
+    timeout_us: int | None = None
+    binary_data_output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """What one request gets back: its own rows of every output the model produced.
+
+    ``outputs`` maps output name -> numpy array (BYTES outputs as object arrays of bytes),
+    in the order the model produced them. ``parameters`` holds response parameters.
+    """
+
+    model_name: str
+    model_version: int
+    outputs: Mapping[str, np.ndarray]
+    id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
