@@ -1,0 +1,46 @@
+# Two commands do all set-up on a fresh machine:
+#   make serve   create .venv if missing, install nereid, serve model_repository/ on 127.0.0.1:8000
+#   make test    the same set-up plus test dependencies, then the whole suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (a bare `torch` requirement would pull a multi-GB CUDA build).
+TORCH_CPU := torch==2.13.0
+PORT ?= 8000
+
+.PHONY: serve test install install-test perf-analyzer lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test]' '$(TORCH_CPU)'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(BIN)/nereid serve --model-repository model_repository --http-port $(PORT)
+
+perf-analyzer: install-test
+	bash perf/install_perf_analyzer.sh
+
+lint: install-test
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: install-test perf-analyzer
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+bench: install-test perf-analyzer
+	$(BIN)/python perf/bench_identity.py
+
+clean:
+	rm -rf $(VENV) .tools

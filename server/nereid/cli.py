@@ -1,0 +1,115 @@
+"""The ``nereid`` command: ``nereid serve`` with tritonserver's flag names.
+
+Owns argument parsing only: one table of (flag, field, parser, help) rows builds both the
+argparse parser and ServerOptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from nereid import __version__
+from nereid.options import HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
+
+__all__ = ["main", "build_parser", "options_from_args"]
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _size(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Flag:
+    flag: str
+    field: str
+    parse: Callable[[str], Any]
+    help: str
+    choices: Sequence[str] | None = None
+    repeat: bool = False
+
+
+_DEFAULTS = ServerOptions()
+_FLAGS = (
+    _Flag("--model-repository", "model_repository", Path, "the model repository folder (required)"),
+    _Flag("--http-address", "http_address", str, f"address to serve HTTP on (default {_DEFAULTS.http_address}: loopback only)"),
+    _Flag("--http-port", "http_port", _port, f"HTTP port (default {_DEFAULTS.http_port})"),
+    _Flag("--metrics-port", "metrics_port", _port, f"Prometheus metrics port (default {_DEFAULTS.metrics_port})"),
+    _Flag("--allow-metrics", "allow_metrics", _bool, "serve Prometheus metrics (default true)"),
+    _Flag("--model-control-mode", "model_control_mode", str, "none | poll | explicit (default none)", MODEL_CONTROL_MODES),
+    _Flag("--repository-poll-secs", "repository_poll_secs", float, "poll interval in poll mode (default 5)"),
+    _Flag("--load-model", "load_model", str, "explicit mode: a model to load at start (repeatable; * for all)", repeat=True),
+    _Flag("--strict-readiness", "strict_readiness", _bool, "ready only when every model is READY (default true)"),
+    _Flag("--exit-timeout-secs", "exit_timeout_secs", float, "seconds to let in-flight requests finish on shutdown (default 30)"),
+    _Flag("--log-verbose", "log_verbose", int, "verbose logging level (0: off)"),
+    _Flag("--log-info", "log_info", _bool, "log info messages (default true)"),
+    _Flag("--log-warning", "log_warning", _bool, "log warnings (default true)"),
+    _Flag("--log-error", "log_error", _bool, "log errors (default true)"),
+    _Flag("--log-format", "log_format", str, "default | ISO8601", ("default", "ISO8601")),
+    _Flag("--http-server", "http_server", str, f"ASGI engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
+    _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
+    _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
+    _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nereid", description="A Python model server speaking Triton's HTTP protocol.")
+    parser.add_argument("--version", action="version", version=f"nereid {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository")
+    for row in _FLAGS:
+        kwargs: dict[str, Any] = {"dest": row.field, "type": row.parse, "help": row.help, "default": None}
+        if row.choices:
+            kwargs["choices"] = row.choices
+        if row.repeat:
+            kwargs["action"] = "append"
+        if row.field == "model_repository":
+            kwargs["required"] = True
+        serve.add_argument(row.flag, **kwargs)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    """ServerOptions from parsed flags: flags not given keep ServerOptions' defaults."""
+    given = {}
+    for row in _FLAGS:
+        value = getattr(args, row.field)
+        if value is not None:
+            given[row.field] = tuple(value) if row.repeat else value
+    return ServerOptions(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        options = options_from_args(args)
+        if not options.model_repository.is_dir():
+            print(f"nereid: --model-repository {options.model_repository}: not a folder", file=sys.stderr)
+            return 2
+        from nereid.server import Server  # imported late: `nereid --help` stays fast
+
+        return Server(options).run()
+    return 2  # pragma: no cover - argparse requires a command

@@ -1,0 +1,141 @@
+"""create_app: the Starlette application serving Triton's HTTP protocol.
+
+Owns routing (Triton's exact rules: full case-sensitive match, 404/405 JSON bodies) and
+the lifespan that starts and stops the models. The infer route is a raw ASGI fast path
+in front of Starlette's router; every other route is a plain Starlette route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from nereid.http.endpoints import Endpoints, Receive, Scope, Send
+from nereid.http.errors import error_json
+from nereid.model_manager import ModelManager
+from nereid.options import ServerOptions
+
+__all__ = ["create_app", "NereidApp"]
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+class NereidApp:
+    """The ASGI application: infer requests go straight to their handler; everything else
+    (and lifespan) to the Starlette app. ``starlette`` is exposed for embedding."""
+
+    def __init__(self, starlette: Starlette, endpoints: Endpoints) -> None:
+        self.starlette = starlette
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            method = scope["method"]
+            path: str = scope["path"]
+            if method == "POST" and path.endswith("/infer"):
+                match = _INFER_PATH.fullmatch(path)
+                if match is not None:
+                    await self.endpoints.infer(scope, receive, send, match.group(1), match.group(2))
+                    return
+            elif method == "HEAD" or method == "OPTIONS":
+                # Triton answers only GET/POST; Starlette would serve HEAD for GET routes.
+                await _send_plain_error(send, 405, "Method Not Allowed")
+                return
+        await self.starlette(scope, receive, send)
+
+
+def create_app(
+    manager: ModelManager,
+    options: ServerOptions,
+    *,
+    on_started: Callable[[], Awaitable[None] | None] | None = None,
+) -> NereidApp:
+    """The ASGI app for one ModelManager. Its lifespan starts the manager (models load in
+    the background, so health/live answers at once and ready turns true when they are
+    done; then ``on_started`` runs) and closes it on shutdown."""
+    endpoints = Endpoints(manager, options)
+    e = endpoints
+    model = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version:int}"
+    routes = [
+        Route("/v2/models/stats", e.all_stats, methods=["GET"]),
+        Route("/v2/health/live", e.health_live, methods=["GET"]),
+        Route("/v2/health/ready", e.health_ready, methods=["GET"]),
+        Route("/v2", e.server_metadata, methods=["GET"]),
+        Route(model, e.model_metadata, methods=["GET"]),
+        Route(versioned, e.model_metadata, methods=["GET"]),
+        Route(model + "/ready", e.model_ready, methods=["GET"]),
+        Route(versioned + "/ready", e.model_ready, methods=["GET"]),
+        Route(model + "/config", e.model_config, methods=["GET"]),
+        Route(versioned + "/config", e.model_config, methods=["GET"]),
+        Route(model + "/stats", e.model_stats, methods=["GET"]),
+        Route(versioned + "/stats", e.model_stats, methods=["GET"]),
+        Route(model + "/infer", _method_not_allowed, methods=["POST"]),
+        Route(versioned + "/infer", _method_not_allowed, methods=["POST"]),
+        Route("/v2/repository/index", e.repository_index, methods=["POST"]),
+        Route("/v2/repository/{repo}/index", e.repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", e.repository_load, methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", e.repository_unload, methods=["POST"]),
+        Route("/v2/repository/{repo}/models/{name}/load", e.repository_load, methods=["POST"]),
+        Route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, methods=["POST"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def start() -> None:
+            await manager.start()
+            if on_started is not None:
+                result = on_started()
+                if result is not None:
+                    await result
+
+        task = asyncio.create_task(start(), name="nereid-startup")
+        try:
+            yield
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await manager.close()
+
+    starlette = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception},
+    )
+    starlette.router.redirect_slashes = False
+    return NereidApp(starlette, endpoints)
+
+
+async def _method_not_allowed(request: Request) -> Response:
+    # Reached only when the fast path did not take a POST .../infer (it always does);
+    # kept so that GET on an infer path answers 405 as Triton does.
+    return Response(error_json("Method Not Allowed"), status_code=405, media_type="application/json")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, exc.detail)
+    return Response(error_json(message), status_code=exc.status_code, media_type="application/json")
+
+
+async def _send_plain_error(send: Send, status: int, message: str) -> None:
+    body = error_json(message)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+

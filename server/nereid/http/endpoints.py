@@ -1,0 +1,343 @@
+"""The handlers of Triton's HTTP endpoints: health, metadata, config, stats, repository,
+and the infer fast path.
+
+Owns request/response handling per endpoint. Reaches running models only through
+ModelManager's public methods; parsing and encoding of tensors belong to codec.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable, Callable, MutableMapping
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nereid import __version__
+from nereid.config import config_from_triton_json
+from nereid.errors import (
+    InvalidInputError,
+    MalformedRequestError,
+    ModelLoadError,
+    NereidError,
+    UnavailableError,
+    UnsupportedError,
+)
+from nereid.http import codec
+from nereid.http.errors import error_json, status_for
+from nereid.inference import InferResult
+from nereid.model_manager import ModelManager, ServingModel
+from nereid.options import ServerOptions
+
+__all__ = ["Endpoints", "EXTENSIONS"]
+
+_log = logging.getLogger("nereid")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: The protocol extensions nereid implements (GET /v2 lists them).
+EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+)
+
+_JSON = "application/json"
+_MAX_VERSION = (1 << 63) - 1
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type=_JSON)
+
+
+def error_response(error: NereidError) -> Response:
+    return Response(error_json(error.message), status_code=status_for(error), media_type=_JSON)
+
+
+def empty_response(status: int = 200) -> Response:
+    return Response(b"", status_code=status, media_type="text/plain")
+
+
+def parse_version(value: str | int | None) -> int | None:
+    """A URL version segment (digits only, checked by the router) -> int; None when absent."""
+    if value is None or value == "":
+        return None
+    version = int(value)
+    if version > _MAX_VERSION:
+        raise InvalidInputError(f"failed to get model version from specified version string '{value}'")
+    return version
+
+
+class Endpoints:
+    """Handlers bound to one ModelManager and ServerOptions."""
+
+    def __init__(self, manager: ModelManager, options: ServerOptions) -> None:
+        self.manager = manager
+        self.options = options
+
+    # -- health and metadata -----------------------------------------------------------
+
+    async def health_live(self, request: Request) -> Response:
+        return empty_response(200)
+
+    async def health_ready(self, request: Request) -> Response:
+        return empty_response(200 if self.manager.is_ready(self.options.strict_readiness) else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response({"name": "nereid", "version": __version__, "extensions": list(EXTENSIONS)})
+
+    def _serving(self, request: Request) -> ServingModel:
+        params = request.path_params
+        return self.manager.get(params["name"], parse_version(params.get("version")))
+
+    async def model_ready(self, request: Request) -> Response:
+        try:
+            self._serving(request)
+        except NereidError as exc:
+            return error_response(exc)
+        return empty_response(200)
+
+    async def model_metadata(self, request: Request) -> Response:
+        try:
+            serving = self._serving(request)
+        except NereidError as exc:
+            return error_response(exc)
+        name = request.path_params["name"]
+        if request.path_params.get("version") is not None:
+            versions = [str(serving.version)]
+        else:
+            versions = [str(s.version) for s in self.manager.model_versions(name)]
+        config = serving.config
+        batch = [-1] if config.max_batch_size > 0 else []
+        return json_response(
+            {
+                "name": name,
+                "versions": versions,
+                "platform": config.platform or config.backend,
+                "inputs": [
+                    {"name": t.name, "datatype": t.data_type.wire_name, "shape": batch + list(t.dims)}
+                    for t in config.input
+                ],
+                "outputs": [
+                    {"name": t.name, "datatype": t.data_type.wire_name, "shape": batch + list(t.dims)}
+                    for t in config.output
+                ],
+            }
+        )
+
+    async def model_config(self, request: Request) -> Response:
+        try:
+            serving = self._serving(request)
+        except NereidError as exc:
+            return error_response(exc)
+        return json_response(serving.config_json)
+
+    # -- statistics ----------------------------------------------------------------------
+
+    async def all_stats(self, request: Request) -> Response:
+        return json_response({"model_stats": [s.stats.snapshot() for s in self.manager.serving_models()]})
+
+    async def model_stats(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            version = parse_version(request.path_params.get("version"))
+        except NereidError as exc:
+            return error_response(exc)
+        versions = self.manager.model_versions(name)
+        if not versions:
+            return error_response(InvalidInputError(f"requested model '{name}' is not available"))
+        if version is not None:
+            versions = [s for s in versions if s.version == version]
+            if not versions:
+                return error_response(
+                    InvalidInputError(f"requested model version is not available for model '{name}'")
+                )
+        return json_response({"model_stats": [s.stats.snapshot() for s in versions]})
+
+    # -- repository ----------------------------------------------------------------------
+
+    async def repository_index(self, request: Request) -> Response:
+        body = await request.body()
+        ready_only = False
+        if body.strip():
+            try:
+                obj = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                return error_response(MalformedRequestError(f"failed to parse the request JSON buffer: {exc}"))
+            if not isinstance(obj, dict):
+                return error_response(MalformedRequestError("failed to parse the request JSON buffer: expected an object"))
+            if "ready" in obj:
+                if not isinstance(obj["ready"], bool):
+                    return error_response(InvalidInputError("Invalid value for 'ready': expected a boolean"))
+                ready_only = obj["ready"]
+        entries = []
+        for entry in self.manager.index(ready_only):
+            row: dict[str, Any] = {"name": entry.name}
+            if entry.version is not None:
+                row["version"] = str(entry.version)
+            if entry.state is not None:
+                row["state"] = entry.state
+            if entry.reason:
+                row["reason"] = entry.reason
+            entries.append(row)
+        return json_response(entries)
+
+    def _control_allowed(self) -> NereidError | None:
+        if self.manager.mode != "explicit":
+            return UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+        return None
+
+    async def repository_load(self, request: Request) -> Response:
+        if "repo" in request.path_params:
+            return error_response(UnsupportedError("'repository_name' specification is not supported"))
+        refused = self._control_allowed()
+        if refused is not None:
+            return error_response(refused)
+        name = request.path_params["name"]
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+            return error_response(InvalidInputError(f"invalid model name '{name}': expected a folder name in the repository"))
+        body = await request.body()
+        config = None
+        try:
+            params = _parse_parameters(body)
+            for key, value in params.items():
+                if key.startswith("file:"):
+                    raise InvalidInputError(
+                        f"load of model '{name}': parameter '{key}' refused: nereid does not accept model files over HTTP"
+                    )
+                if not isinstance(value, str):
+                    raise InvalidInputError(f"load of model '{name}': parameter '{key}' must be a string, got {type(value).__name__}")
+            if "config" in params:
+                try:
+                    obj = orjson.loads(params["config"])
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidInputError(f"failed to parse 'config' of model '{name}': {exc}") from exc
+                if not isinstance(obj, dict):
+                    raise InvalidInputError(f"'config' of model '{name}': expected a JSON object")
+                config = config_from_triton_json(obj, source=f"load request for '{name}' (config)", folder_name=name)
+            await self.manager.load(name, config)
+        except ModelLoadError as exc:
+            return error_response(ModelLoadError(name, f"failed to load '{name}': {exc.reason}"))
+        except NereidError as exc:
+            return error_response(exc)
+        return empty_response(200)
+
+    async def repository_unload(self, request: Request) -> Response:
+        if "repo" in request.path_params:
+            return error_response(UnsupportedError("'repository_name' specification is not supported"))
+        refused = self._control_allowed()
+        if refused is not None:
+            return error_response(refused)
+        try:
+            params = _parse_parameters(await request.body())
+            if "unload_dependents" in params and not isinstance(params["unload_dependents"], bool):
+                raise InvalidInputError("Unable to parse 'unload_dependents': expected a boolean")
+        except NereidError as exc:
+            return error_response(exc)
+        await self.manager.unload(request.path_params["name"])
+        return empty_response(200)
+
+    # -- infer (raw ASGI: the hot path) --------------------------------------------------
+
+    async def infer(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
+        received_ns = time.monotonic_ns()
+        header_length = content_encoding = accept_encoding = None
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                header_length = value.decode("latin-1")
+            elif key == b"content-encoding":
+                content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        try:
+            body = await _read_body(receive, self.options.max_request_size)
+            serving = self.manager.get(name, parse_version(version_text))
+            if serving.config.decoupled:
+                raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
+            if content_encoding:
+                body = codec.decode_body(body, content_encoding, max_size=self.options.max_request_size)
+            request = codec.parse_infer_request(
+                body,
+                header_length,
+                config=serving.config,
+                model_name=name,
+                model_version=serving.version,
+                max_json_size=self.options.http_max_input_size,
+            )
+            outputs = await serving.infer(request, received_ns)
+            result = InferResult(name, serving.version, outputs, request.id)
+            payload, headers = codec.encode_infer_response(
+                result, request, serving.config, accept_encoding=accept_encoding, labels=serving.labels
+            )
+        except NereidError as exc:
+            await _send_error(send, exc)
+            return
+        except _ClientGone:
+            return
+        headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    message = await receive()
+    if message["type"] != "http.request":
+        raise _ClientGone()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise InvalidInputError(
+                f"request body of more than {limit} bytes exceeds the maximum allowed size "
+                f"({limit} bytes, --max-request-size)"
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_error(send: Send, error: NereidError) -> None:
+    body = error_json(error.message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if isinstance(error, UnsupportedError) and error.message == "Unsupported compression type":
+        headers.append((b"accept-encoding", b"gzip, deflate"))
+    await send({"type": "http.response.start", "status": status_for(error), "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _parse_parameters(body: bytes) -> dict[str, Any]:
+    """The ``parameters`` object of a load/unload body (empty body: no parameters)."""
+    if not body.strip():
+        return {}
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequestError(f"failed to parse the request JSON buffer: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise MalformedRequestError("failed to parse the request JSON buffer: expected an object")
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInputError("Unable to parse 'parameters': expected an object")
+    return params

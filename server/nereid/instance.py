@@ -1,0 +1,161 @@
+"""ModelInstance: one user ``Model`` object, its own thread(s) and its device.
+
+Owns running user code off the event loop: construction, batches (assemble -> infer ->
+split, all on the instance's threads for a synchronous ``infer``) and ``close()``.
+Knows nothing about queues, scheduling or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from nereid.batch import assemble, split
+from nereid.config.schema import ModelConfig
+from nereid.context import ModelContext
+from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
+from nereid.inference import InferRequest
+from nereid.model_file import ModelClass, describe_exception
+
+__all__ = ["ModelInstance", "BatchOutcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """The result of one execution: per-request outputs (same order as the requests), or
+    the error that failed the whole batch; and the three compute durations."""
+
+    outputs: list[dict[str, np.ndarray]] | None
+    error: NereidError | None
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+class ModelInstance:
+    """One instance of a model. ``start()`` builds the user's object on the instance's own
+    thread; ``run_batch()`` executes one batch; ``close()`` calls the model's ``close()``
+    and stops the threads. ``capacity`` batches may run at once."""
+
+    def __init__(self, model_class: ModelClass, context: ModelContext, config: ModelConfig) -> None:
+        self.model_class = model_class
+        self.context = context
+        self.config = config
+        self.name = context.instance_name
+        batching = config.dynamic_batching
+        self.capacity = batching.max_concurrent_batches if batching is not None else 1
+        self._executor = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix=self.name)
+        self._model: Any = None
+        self._infer: Callable[..., Any] | None = None
+        self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
+
+    @property
+    def model(self) -> Any:
+        """The user's Model object (None before ``start()``)."""
+        return self._model
+
+    @property
+    def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
+        """The model's ``batch_size(inputs)`` method, when it defines one."""
+        return self._cost
+
+    async def start(self) -> None:
+        """Construct the user's Model on this instance's thread. Raises ModelLoadError."""
+        loop = asyncio.get_running_loop()
+        try:
+            self._model = await loop.run_in_executor(self._executor, self._construct)
+        except Exception as exc:
+            self._executor.shutdown(wait=False)
+            raise ModelLoadError(
+                self.context.model_name,
+                f"{self.model_class.path}: Model.__init__ failed for instance "
+                f"{self.name}: {describe_exception(exc)}",
+                str(self.model_class.path),
+            ) from exc
+        self._infer = self._model.infer
+        if self.model_class.has_batch_size:
+            self._cost = self._model.batch_size
+
+    def _construct(self) -> Any:
+        if self.context.device.startswith("cuda"):
+            import torch  # lazily: only GPU instances need it
+
+            torch.cuda.set_device(self.context.device)
+        return self.model_class.cls(self.context)
+
+    async def run_batch(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        """Execute one batch: never raises for model errors (they come back in the outcome)."""
+        if self.model_class.infer_is_async:
+            return await self._run_async(requests)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_sync, requests)
+
+    def _run_sync(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        t1 = time.monotonic_ns()
+        assert self._infer is not None
+        try:
+            raw = self._infer(inputs)
+        except Exception as exc:
+            t2 = time.monotonic_ns()
+            return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, 0)
+        t2 = time.monotonic_ns()
+        try:
+            outputs = split(raw, requests, self.config, self.context.model_name)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        except Exception as exc:
+            return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    async def _run_async(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        t1 = time.monotonic_ns()
+        assert self._infer is not None
+        try:
+            raw = await self._infer(inputs)
+        except Exception as exc:
+            t2 = time.monotonic_ns()
+            return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, 0)
+        t2 = time.monotonic_ns()
+        try:
+            outputs = split(raw, requests, self.config, self.context.model_name)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    def _execution_error(self, exc: BaseException) -> ModelExecutionError:
+        model = self.context.model_name
+        return ModelExecutionError(
+            f'model "{model}" raised in infer: {describe_exception(exc)}', model=model
+        )
+
+    async def close(self) -> None:
+        """Call the model's ``close()`` (on the instance thread) and stop the threads."""
+        loop = asyncio.get_running_loop()
+        model = self._model
+        if model is not None and self.model_class.has_close:
+            try:
+                await loop.run_in_executor(self._executor, model.close)
+            except Exception:  # a failing close() must not stop the unload
+                import logging
+
+                logging.getLogger("nereid").exception(
+                    "model %r instance %s: close() raised", self.context.model_name, self.name
+                )
+        self._model = None
+        self._infer = None
+        self._executor.shutdown(wait=False)

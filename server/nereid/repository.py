@@ -1,0 +1,124 @@
+"""Scan a model repository folder: which models exist, their configs and their versions.
+
+Owns the folder layout and the version policy. Imports no user code (that is
+model_file.py) and knows nothing about loading state or HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nereid.config import load_model_config
+from nereid.config.schema import ModelConfig, VersionPolicy
+from nereid.errors import ConfigError, NereidError
+
+__all__ = ["ModelSource", "VersionSource", "list_model_names", "read_model", "select_versions"]
+
+CONFIG_FILE = "config.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSource:
+    """One version of a model: its folder and model file."""
+
+    version: int
+    path: Path
+    model_file: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A model folder as found on disk.
+
+    ``config`` is None and ``error`` says why when the folder cannot be served at all
+    (missing or invalid config.toml, no version folder). ``versions`` are the versions the
+    version policy selects, lowest first; ``missing_versions`` are versions a ``specific``
+    policy names that have no folder.
+    """
+
+    name: str
+    path: Path
+    config: ModelConfig | None
+    error: str | None
+    versions: tuple[VersionSource, ...] = ()
+    missing_versions: tuple[int, ...] = ()
+
+
+def list_model_names(root: Path) -> list[str]:
+    """Every direct subfolder of ``root`` that holds a config.toml, sorted. Names starting
+    with ``.`` or ``_`` are ignored, as are folders without config.toml."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    names = [
+        entry.name
+        for entry in entries
+        if entry.is_dir()
+        and not entry.name.startswith((".", "_"))
+        and os.path.isfile(os.path.join(entry.path, CONFIG_FILE))
+    ]
+    return sorted(names)
+
+
+def read_model(root: Path, name: str, config: ModelConfig | None = None) -> ModelSource:
+    """Read one model folder. ``config`` (from a load request's override) replaces
+    config.toml when given. Never raises for a bad model: the reason goes to ``error``."""
+    folder = root / name
+    if not folder.is_dir():
+        return ModelSource(name, folder, None, f"{folder}: model folder not found")
+    if config is None:
+        try:
+            config = load_model_config(folder / CONFIG_FILE, name)
+        except ConfigError as exc:
+            return ModelSource(name, folder, None, exc.message)
+        except NereidError as exc:  # pragma: no cover - the loader raises ConfigError only
+            return ModelSource(name, folder, None, exc.message)
+    available = _version_folders(folder)
+    if available:
+        selected, missing = select_versions(sorted(available), config.version_policy)
+        versions = tuple(
+            VersionSource(v, available[v], available[v] / config.default_model_filename)
+            for v in selected
+        )
+    else:
+        # Unversioned layout: the model folder itself is version 1.
+        selected, missing = select_versions([1], config.version_policy)
+        versions = tuple(
+            VersionSource(1, folder, folder / config.default_model_filename) for _ in selected
+        )
+    if not versions:
+        return ModelSource(
+            name,
+            folder,
+            config,
+            f"{folder}: no version folder matches version_policy "
+            f"(found {sorted(available) or [1]})",
+            missing_versions=tuple(missing),
+        )
+    return ModelSource(name, folder, config, None, versions, tuple(missing))
+
+
+def select_versions(available: list[int], policy: VersionPolicy) -> tuple[list[int], list[int]]:
+    """Apply a version policy to the sorted available versions.
+
+    Returns (selected, missing): ``latest`` keeps the ``num_versions`` highest, ``all``
+    keeps every one, ``specific`` keeps the listed ones that exist and reports the rest
+    as missing.
+    """
+    if policy.kind == "all":
+        return list(available), []
+    if policy.kind == "specific":
+        wanted = sorted(set(policy.versions))
+        return [v for v in wanted if v in available], [v for v in wanted if v not in available]
+    return list(available[-policy.num_versions :]), []
+
+
+def _version_folders(folder: Path) -> dict[int, Path]:
+    versions: dict[int, Path] = {}
+    for entry in os.scandir(folder):
+        if entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0:
+            versions[int(entry.name)] = Path(entry.path)
+    return versions

@@ -1,0 +1,261 @@
+"""Per-model request queue and Triton's dynamic-batch decision, as pure code.
+
+Owns priority levels, queue policies (max size, timeouts REJECT/DELAY) and the rule
+that says whether a batch is due at time ``now`` and, if not, when to look again. The
+clock is injected (every method takes ``now_ns``); no asyncio, no sleeping, no HTTP.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator
+
+from nereid.config.schema import DynamicBatching, QueuePolicy
+from nereid.errors import QueueFullError
+
+__all__ = ["QueuedRequest", "Decision", "RequestQueue"]
+
+_seq = itertools.count()
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """One request waiting in a model's queue.
+
+    ``payload`` is whatever the batcher needs back (the InferRequest); ``cost`` counts
+    against max_batch_size (rows, or the model's ``batch_size()``); requests batch together
+    only when their ``signature`` is equal. ``deadline_ns`` 0 means no timeout.
+    """
+
+    payload: Any
+    cost: int
+    signature: Hashable
+    level: int
+    enqueued_ns: int
+    deadline_ns: int = 0
+    timeout_action: str = "REJECT"
+    seq: int = field(default_factory=lambda: next(_seq))
+    removed: bool = False
+    delayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the queue says at ``now``: a batch to run (``batch``), and/or the requests
+    whose timeout expired under REJECT (``expired``, to be failed), and when to ask again
+    if nothing new arrives (``wake_at_ns``; None: only on arrival)."""
+
+    batch: tuple[QueuedRequest, ...] = ()
+    expired: tuple[QueuedRequest, ...] = ()
+    wake_at_ns: int | None = None
+
+
+class RequestQueue:
+    """The queue of one model, with Triton's dynamic batcher rules.
+
+    A batch leaves when (Triton's ``GetDynamicBatch``): the queued work reaches
+    ``max_batch_size`` or a request that does not fit (size or shape) is next; or it reaches
+    the largest preferred size (or would pass it); or a preferred size was reached and the
+    queue delay has not expired (the largest preferred prefix leaves); or the delay, counted
+    from the oldest queued request, has expired; or the delay is 0 (opportunistic: whatever
+    is queued leaves at once). Requests are taken in priority order (level 1 first), FIFO
+    within a level; requests whose timeout expired under DELAY go after every unexpired one
+    of the same and higher priority.
+
+    With ``batching=False`` (no ``[dynamic_batching]``) every batch holds one request.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_batch_size: int,
+        dynamic_batching: DynamicBatching | None,
+    ) -> None:
+        self.batching = dynamic_batching is not None and max_batch_size > 0
+        db = dynamic_batching or DynamicBatching()
+        self.max_batch_size = max(1, max_batch_size)
+        self.preferred = frozenset(db.preferred_batch_size)
+        self.max_preferred = max(db.preferred_batch_size) if db.preferred_batch_size else self.max_batch_size
+        self.delay_ns = db.max_queue_delay_microseconds * 1000
+        self.levels = tuple(range(1, db.priority_levels + 1)) if db.priority_levels > 0 else (0,)
+        self.default_level = db.default_priority_level if db.priority_levels > 0 else 0
+        self._policies: dict[int, QueuePolicy] = {level: db.queue_policy(level) for level in self.levels}
+        self._normal: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
+        self._delayed: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
+        self._sizes: dict[int, int] = {level: 0 for level in self.levels}
+        self._deadlines: list[tuple[int, int, QueuedRequest]] = []
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def policy(self, level: int) -> QueuePolicy:
+        return self._policies[level]
+
+    def level_for(self, priority: int) -> int:
+        """The queue level for a request's ``priority`` parameter (0 or out of range: the
+        default level, as Triton does)."""
+        if self.levels == (0,):
+            return 0
+        if 1 <= priority <= len(self.levels):
+            return priority
+        return self.default_level
+
+    def deadline_for(self, level: int, now_ns: int, timeout_us: int | None) -> int:
+        """The request's timeout deadline (0: none). The request's own ``timeout`` counts
+        only with ``allow_timeout_override``."""
+        policy = self._policies[level]
+        timeout = policy.default_timeout_microseconds
+        if timeout_us is not None and policy.allow_timeout_override:
+            timeout = timeout_us
+        return now_ns + timeout * 1000 if timeout > 0 else 0
+
+    def push(self, item: QueuedRequest) -> None:
+        """Queue a request. Raises QueueFullError when its level holds max_queue_size."""
+        policy = self._policies[item.level]
+        if policy.max_queue_size > 0 and self._sizes[item.level] >= policy.max_queue_size:
+            raise QueueFullError("Exceeds maximum queue size")
+        item.timeout_action = policy.timeout_action
+        self._normal[item.level].append(item)
+        self._sizes[item.level] += 1
+        self._live += 1
+        if item.deadline_ns:
+            heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
+
+    def discard(self, item: QueuedRequest) -> bool:
+        """Take a request out (its caller went away). True if it was still queued."""
+        if item.removed:
+            return False
+        self._remove(item)
+        return True
+
+    def _remove(self, item: QueuedRequest) -> None:
+        item.removed = True
+        self._sizes[item.level] -= 1
+        self._live -= 1
+
+    def decide(self, now_ns: int, *, flush: bool = False) -> Decision:
+        """Expire timed-out requests, then take a batch if one is due at ``now_ns``.
+
+        ``flush`` treats the queue delay as expired (used while draining on unload)."""
+        expired = self._expire(now_ns)
+        if not self.batching:
+            for item in self._in_order():
+                self._take((item,))
+                return Decision((item,), expired, None)
+            return Decision((), expired, self._next_deadline())
+
+        items: list[QueuedRequest] = []
+        pending = 0
+        best_count = 0
+        send_now = False
+        signature: Hashable = None
+        for item in self._in_order():
+            cost = item.cost
+            if items:
+                if pending + cost > self.max_preferred and best_count == 0:
+                    best_count = len(items)
+                if pending + cost > self.max_batch_size or item.signature != signature:
+                    send_now = True
+                    break
+            else:
+                signature = item.signature
+            items.append(item)
+            pending += cost
+            if pending in self.preferred:
+                best_count = len(items)
+            if pending >= self.max_batch_size:
+                send_now = True
+                break
+        if not items:
+            return Decision((), expired, self._next_deadline())
+
+        oldest = self._oldest_enqueue_ns()
+        delay_exceeded = flush or (self.delay_ns != 0 and now_ns - oldest >= self.delay_ns)
+        if best_count and not delay_exceeded:
+            batch = tuple(items[:best_count])
+        elif send_now or pending >= self.max_preferred or delay_exceeded or self.delay_ns == 0:
+            batch = tuple(items)
+        else:
+            wake = oldest + self.delay_ns
+            deadline = self._next_deadline()
+            if deadline is not None:
+                wake = min(wake, deadline)
+            return Decision((), expired, wake)
+        self._take(batch)
+        return Decision(batch, expired, None)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _in_order(self) -> Iterator[QueuedRequest]:
+        for level in self.levels:
+            normal = self._normal[level]
+            while normal and (normal[0].removed or normal[0].delayed):
+                normal.popleft()
+            for item in normal:
+                if not (item.removed or item.delayed):
+                    yield item
+            delayed = self._delayed[level]
+            while delayed and delayed[0].removed:
+                delayed.popleft()
+            for item in delayed:
+                if not item.removed:
+                    yield item
+
+    def _take(self, batch: tuple[QueuedRequest, ...]) -> None:
+        for item in batch:
+            self._remove(item)
+        # Taken items are a prefix of the live order: drop them from the deque heads.
+        for level in self.levels:
+            normal = self._normal[level]
+            while normal and (normal[0].removed or normal[0].delayed):
+                normal.popleft()
+            delayed = self._delayed[level]
+            while delayed and delayed[0].removed:
+                delayed.popleft()
+
+    def _expire(self, now_ns: int) -> tuple[QueuedRequest, ...]:
+        heap = self._deadlines
+        if not heap or heap[0][0] > now_ns:
+            return ()
+        expired: list[QueuedRequest] = []
+        while heap and heap[0][0] <= now_ns:
+            _, _, item = heapq.heappop(heap)
+            if item.removed or item.delayed:
+                continue
+            if item.timeout_action == "DELAY":
+                # Stays live, but moves behind every unexpired request of its level.
+                item.delayed = True
+                self._delayed[item.level].append(item)
+            else:
+                self._remove(item)
+                expired.append(item)
+        return tuple(expired)
+
+    def _next_deadline(self) -> int | None:
+        heap = self._deadlines
+        while heap and (heap[0][2].removed or heap[0][2].delayed):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def _oldest_enqueue_ns(self) -> int:
+        oldest: int | None = None
+        for item in self._heads():
+            if oldest is None or item.enqueued_ns < oldest:
+                oldest = item.enqueued_ns
+        return oldest if oldest is not None else 0
+
+    def _heads(self) -> Iterator[QueuedRequest]:
+        """The first live request of each level's normal and delayed queue."""
+        for level in self.levels:
+            for item in self._normal[level]:
+                if not (item.removed or item.delayed):
+                    yield item
+                    break
+            for item in self._delayed[level]:
+                if not item.removed:
+                    yield item
+                    break

@@ -1,0 +1,201 @@
+"""Server: the composition root. Builds the ModelManager and the HTTP app, and runs them
+on the chosen ASGI engine (uvicorn, granian or hypercorn) until a shutdown signal.
+
+The only module that knows the engines. Everything it wires is built here and passed
+down: no globals, so two servers can run in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from typing import Any, Iterator
+
+from nereid.http import create_app
+from nereid.http.app import NereidApp
+from nereid.log import configure_logging
+from nereid.model_manager import IndexEntry, ModelManager
+from nereid.options import ServerOptions
+
+__all__ = ["Server", "format_model_table"]
+
+_log = logging.getLogger("nereid")
+
+
+def format_model_table(entries: list[IndexEntry]) -> str:
+    """tritonserver's start-up table: Model | Version | Status (status carries the reason)."""
+    rows = [("Model", "Version", "Status")]
+    for entry in entries:
+        status = entry.state or "UNAVAILABLE"
+        if entry.reason and status != "READY":
+            status = f"{status}: {entry.reason}"
+        rows.append((entry.name, "" if entry.version is None else str(entry.version), status))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    lines = [rule]
+    for index, row in enumerate(rows):
+        lines.append("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
+        if index == 0:
+            lines.append(rule)
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+class Server:
+    """One nereid server: models from ``options.model_repository`` served over HTTP.
+
+    ``await server.serve()`` runs until ``server.shutdown()`` (or a signal, when started
+    through ``run()``); ``server.started`` is set once the initial model load is done.
+    """
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        mode = options.model_control_mode
+        self.manager = ModelManager(
+            options.model_repository,
+            mode=mode,
+            startup_models=options.load_model,
+        )
+        self.app: NereidApp = create_app(self.manager, options, on_started=self._on_started)
+        self._shutdown: asyncio.Event | None = None
+        self.started: asyncio.Event | None = None
+
+    def _on_started(self) -> None:
+        table = format_model_table([e for e in self.manager.index() if e.state is not None])
+        _log.info("models:\n%s", table)
+        ready = self.manager.is_ready(self.options.strict_readiness)
+        _log.info("server is %s", "ready" if ready else "NOT ready (a model is unavailable)")
+        if self.started is not None:
+            self.started.set()
+
+    def shutdown(self) -> None:
+        """Ask the server to stop (safe to call from a signal handler on the loop)."""
+        if self._shutdown is not None:
+            self._shutdown.set()
+
+    async def serve(self) -> None:
+        """Serve until shutdown(); then drain and unload the models."""
+        self._shutdown = asyncio.Event()
+        self.started = asyncio.Event()
+        engine = self.options.http_server
+        where = f"fd {self.options.http_fd}" if self.options.http_fd is not None else f"{self.options.http_address}:{self.options.http_port}"
+        _log.info("nereid serving %s on %s (HTTP engine: %s)", self.options.model_repository, where, engine)
+        if engine == "uvicorn":
+            await self._serve_uvicorn()
+        elif engine == "hypercorn":
+            await self._serve_hypercorn()
+        elif engine == "granian":
+            await self._serve_granian()
+        else:
+            raise ValueError(f"unknown HTTP server {engine!r} (expected uvicorn, granian or hypercorn)")
+        _log.info("nereid stopped")
+
+    async def _serve_uvicorn(self) -> None:
+        import uvicorn
+
+        options = self.options
+        kwargs: dict[str, Any] = {}
+        if options.http_fd is not None:
+            kwargs["fd"] = options.http_fd
+        else:
+            kwargs["host"] = options.http_address
+            kwargs["port"] = options.http_port
+        config = uvicorn.Config(
+            self.app,
+            http="httptools",
+            loop="none",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=int(options.exit_timeout_secs),
+            **kwargs,
+        )
+        server = _QuietUvicorn(config)
+        assert self._shutdown is not None
+        watcher = asyncio.create_task(self._shutdown.wait())
+        serving = asyncio.create_task(server.serve())
+        done, _ = await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await serving
+        watcher.cancel()
+
+    async def _serve_hypercorn(self) -> None:
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        options = self.options
+        config = Config()
+        if options.http_fd is not None:
+            config.bind = [f"fd://{options.http_fd}"]
+        else:
+            config.bind = [f"{options.http_address}:{options.http_port}"]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("nereid.hypercorn")
+        config.graceful_timeout = options.exit_timeout_secs
+        config.include_server_header = False
+        assert self._shutdown is not None
+        await serve(self.app, config, shutdown_trigger=self._shutdown.wait)  # type: ignore[arg-type]
+
+    async def _serve_granian(self) -> None:
+        from granian.constants import Interfaces
+        from granian.log import LogLevels
+        from granian.server.embed import Server as GranianServer
+
+        options = self.options
+        if options.http_fd is not None:
+            raise ValueError("--http-server granian cannot serve on a file descriptor; give --http-port")
+        server = GranianServer(
+            self.app,
+            address=options.http_address,
+            port=options.http_port,
+            interface=Interfaces.ASGI,
+            log_level=LogLevels.warning,
+            websockets=False,
+        )
+        assert self._shutdown is not None
+        serving = asyncio.create_task(server.serve())
+        watcher = asyncio.create_task(self._shutdown.wait())
+        await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not serving.done():
+            server.stop()
+            await serving
+        watcher.cancel()
+
+    def run(self) -> int:
+        """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM."""
+        configure_logging(self.options.log_verbose, self.options.log_format)
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.shutdown)
+            await self.serve()
+
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+            asyncio.run(main())
+        else:
+            uvloop.run(main())
+        return 0
+
+
+class _QuietUvicorn:
+    """uvicorn.Server without its own signal handling (nereid owns the signals)."""
+
+    def __new__(cls, config: Any) -> Any:
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        return _Server(config)
+
+

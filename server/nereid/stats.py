@@ -1,0 +1,132 @@
+"""Per-model-version counters and cumulative durations, in Triton's statistics shape.
+
+Owns the numbers and their JSON-ready snapshot (protocol.md §1.3.4). Updated only from
+the event loop (the batcher's tasks), so no locks. Knows nothing about HTTP or Prometheus.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Duration", "BatchStats", "ModelStats"]
+
+
+@dataclass(slots=True)
+class Duration:
+    """A count and cumulative nanoseconds (Triton's ``{"count", "ns"}``)."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Executions at one batch size, with their cumulative compute durations."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Statistics of one model version, as Triton counts them.
+
+    ``success``/``fail`` count requests with their end-to-end time; ``queue`` and the
+    three ``compute_*`` count successful requests (each request of a batch is charged the
+    batch's compute time, as Triton does); ``inference_count`` counts rows,
+    ``execution_count`` batches; ``batch_stats`` is keyed by batch size in rows.
+    """
+
+    name: str
+    version: int
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batch_stats: dict[int, BatchStats] = field(default_factory=dict)
+    #: failures by Triton's metric reason: REJECTED, CANCELED, BACKEND, OTHER.
+    failures_by_reason: dict[str, int] = field(
+        default_factory=lambda: {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+    )
+
+    def record_execution(
+        self, rows: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
+    ) -> None:
+        """One successful batch of ``rows`` rows."""
+        self.execution_count += 1
+        self.inference_count += rows
+        entry = self.batch_stats.get(rows)
+        if entry is None:
+            entry = self.batch_stats[rows] = BatchStats()
+        entry.compute_input.add(compute_input_ns)
+        entry.compute_infer.add(compute_infer_ns)
+        entry.compute_output.add(compute_output_ns)
+
+    def record_success(
+        self,
+        total_ns: int,
+        queue_ns: int,
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """One successful request."""
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(compute_input_ns)
+        self.compute_infer.add(compute_infer_ns)
+        self.compute_output.add(compute_output_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
+
+    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """One failed request; ``reason`` is Triton's metric label."""
+        self.fail.add(total_ns)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def snapshot(self) -> dict[str, Any]:
+        """The ``model_stats`` entry of Triton's statistics JSON."""
+        zero = {"count": 0, "ns": 0}
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_json(),
+                "fail": self.fail.as_json(),
+                "queue": self.queue.as_json(),
+                "compute_input": self.compute_input.as_json(),
+                "compute_infer": self.compute_infer.as_json(),
+                "compute_output": self.compute_output.as_json(),
+                "cache_hit": dict(zero),
+                "cache_miss": dict(zero),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": entry.compute_input.as_json(),
+                    "compute_infer": entry.compute_infer.as_json(),
+                    "compute_output": entry.compute_output.as_json(),
+                }
+                for size, entry in sorted(self.batch_stats.items())
+            ],
+            "memory_usage": [],
+        }

@@ -1,0 +1,176 @@
+"""Shared fixtures: a model-repository builder and a real nereid server on a free
+loopback port (a subprocess, started the way users start it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "model_repository"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts[0] in ("e2e", "gpu", "unit"):
+            item.add_marker(parts[0])
+        if parts[0] == "gpu" and not _cuda_available():
+            item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+# -- repositories -------------------------------------------------------------------------
+
+IDENTITY_MODEL = """
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+
+@dataclass
+class RepoBuilder:
+    """Writes model folders into a temporary repository."""
+
+    root: Path
+
+    def add(self, name: str, config: str, model: str | None = IDENTITY_MODEL, version: int | None = None,
+            files: dict[str, str] | None = None) -> Path:
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.toml").write_text(textwrap.dedent(config))
+        target = folder / str(version) if version is not None else folder
+        target.mkdir(parents=True, exist_ok=True)
+        if model is not None:
+            (target / "model.py").write_text(textwrap.dedent(model))
+        for rel, text in (files or {}).items():
+            path = target / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        return folder
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> RepoBuilder:
+    root = tmp_path / "models"
+    root.mkdir()
+    return RepoBuilder(root)
+
+
+# -- servers ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    """A nereid subprocess. ``url`` is ``127.0.0.1:PORT`` as tritonclient wants it."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    stopped: bool = field(default=False)
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(f"nereid did not stop within {timeout}s on SIGTERM:\n{self.log()}")
+        self.stopped = True
+        return int(self.process.returncode)
+
+
+def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool = True,
+                 timeout: float = 60.0, engine: str | None = None) -> RunningServer:
+    """Start ``python -m nereid serve`` on a free loopback port and wait for health."""
+    port = free_port()
+    log_path = log_dir / f"nereid-{port}.log"
+    command = [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repository),
+               "--http-port", str(port), *args]
+    if engine is not None:
+        command += ["--http-server", engine]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = RunningServer(process, port, log_path)
+    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"nereid exited with {process.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(server.http + path, timeout=1) as response:
+                if response.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.05)
+    server.stop()
+    raise AssertionError(f"nereid not {'ready' if wait_ready else 'live'} within {timeout}s:\n{server.log()}")
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    """``serve(repository, *flags)`` starts a server for this test; stopped afterwards."""
+    servers: list[RunningServer] = []
+
+    def _serve(repository: Path, *args: str, **kwargs: object) -> RunningServer:
+        server = start_server(repository, *args, log_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
+        servers.append(server)
+        return server
+
+    yield _serve
+    for server in servers:
+        if not server.stopped:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def example_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server over model_repository/ for the whole session."""
+    server = start_server(EXAMPLES, log_dir=tmp_path_factory.mktemp("example-server"))
+    yield server
+    server.stop()

@@ -1,0 +1,230 @@
+"""The dynamic batcher's decisions, as pure code with an injected clock (no sleeping)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereid.config.schema import DynamicBatching, QueuePolicy
+from nereid.errors import QueueFullError
+from nereid.request_queue import QueuedRequest, RequestQueue
+
+US = 1_000
+
+
+def make_queue(max_batch_size: int = 8, **batching: object) -> RequestQueue:
+    return RequestQueue(max_batch_size=max_batch_size, dynamic_batching=DynamicBatching(**batching))  # type: ignore[arg-type]
+
+
+def push(queue: RequestQueue, now: int, cost: int = 1, signature: object = "s", priority: int = 0,
+         timeout_us: int | None = None, name: str = "") -> QueuedRequest:
+    level = queue.level_for(priority)
+    item = QueuedRequest(payload=name, cost=cost, signature=signature, level=level, enqueued_ns=now,
+                         deadline_ns=queue.deadline_for(level, now, timeout_us))
+    queue.push(item)
+    return item
+
+
+def sizes(decision) -> int:  # type: ignore[no-untyped-def]
+    return sum(item.cost for item in decision.batch)
+
+
+def test_partial_batch_waits_until_the_queue_delay_from_the_oldest_request() -> None:
+    queue = make_queue(max_queue_delay_microseconds=100)
+    push(queue, 0)
+    decision = queue.decide(99 * US)
+    assert decision.batch == ()
+    assert decision.wake_at_ns == 100 * US
+
+
+def test_partial_batch_leaves_when_queue_delay_expires() -> None:
+    queue = make_queue(max_queue_delay_microseconds=100)
+    push(queue, 0)
+    push(queue, 50 * US)
+    decision = queue.decide(101 * US)
+    assert sizes(decision) == 2
+    assert len(queue) == 0
+
+
+def test_zero_delay_takes_whatever_is_queued_at_once() -> None:
+    queue = make_queue(max_queue_delay_microseconds=0)
+    push(queue, 0)
+    push(queue, 0)
+    assert sizes(queue.decide(0)) == 2
+
+
+def test_full_batch_leaves_without_waiting_for_the_delay() -> None:
+    queue = make_queue(max_batch_size=4, max_queue_delay_microseconds=10**9)
+    for _ in range(6):
+        push(queue, 0)
+    decision = queue.decide(1)
+    assert sizes(decision) == 4
+    assert len(queue) == 2
+
+
+def test_request_rows_count_against_max_batch_size() -> None:
+    queue = make_queue(max_batch_size=4, max_queue_delay_microseconds=10**9)
+    push(queue, 0, cost=3)
+    push(queue, 0, cost=3)
+    decision = queue.decide(1)
+    assert [item.cost for item in decision.batch] == [3]
+
+
+def test_preferred_size_leaves_before_the_delay() -> None:
+    queue = make_queue(max_batch_size=8, preferred_batch_size=(2, 4), max_queue_delay_microseconds=10**9)
+    for _ in range(3):
+        push(queue, 0)
+    decision = queue.decide(1)
+    # 3 queued: the largest preferred prefix (2) leaves now, the third waits.
+    assert sizes(decision) == 2
+    assert len(queue) == 1
+
+
+def test_largest_preferred_size_wins() -> None:
+    queue = make_queue(max_batch_size=8, preferred_batch_size=(2, 4), max_queue_delay_microseconds=10**9)
+    for _ in range(5):
+        push(queue, 0)
+    assert sizes(queue.decide(1)) == 4
+
+
+def test_after_delay_expires_everything_pending_leaves_even_past_a_preferred_size() -> None:
+    queue = make_queue(max_batch_size=8, preferred_batch_size=(2,), max_queue_delay_microseconds=100)
+    for _ in range(3):
+        push(queue, 0)
+    assert sizes(queue.decide(200 * US)) == 3  # Triton: delay exceeded -> the whole pending batch
+
+
+def test_requests_with_different_signatures_never_share_a_batch() -> None:
+    queue = make_queue(max_queue_delay_microseconds=10**9)
+    push(queue, 0, signature="a")
+    push(queue, 0, signature="b")
+    push(queue, 0, signature="a")
+    decision = queue.decide(1)
+    assert [item.signature for item in decision.batch] == ["a"]
+    assert [item.signature for item in queue.decide(2).batch] == ["b"]
+
+
+def test_queue_full_is_rejected_with_tritons_message() -> None:
+    queue = make_queue(default_queue_policy=QueuePolicy(max_queue_size=2), max_queue_delay_microseconds=10**9)
+    push(queue, 0)
+    push(queue, 0)
+    with pytest.raises(QueueFullError, match="^Exceeds maximum queue size$"):
+        push(queue, 0)
+
+
+def test_timeout_reject_expires_the_request() -> None:
+    queue = make_queue(default_queue_policy=QueuePolicy(default_timeout_microseconds=50),
+                       max_queue_delay_microseconds=10**9)
+    item = push(queue, 0)
+    decision = queue.decide(60 * US)
+    assert decision.expired == (item,)
+    assert len(queue) == 0
+
+
+def test_wake_time_is_the_earlier_of_delay_and_timeout() -> None:
+    queue = make_queue(default_queue_policy=QueuePolicy(default_timeout_microseconds=50),
+                       max_queue_delay_microseconds=100)
+    push(queue, 0)
+    assert queue.decide(1).wake_at_ns == 50 * US
+
+
+def test_request_timeout_counts_only_with_allow_timeout_override() -> None:
+    strict = make_queue(default_queue_policy=QueuePolicy(default_timeout_microseconds=0), max_queue_delay_microseconds=10**9)
+    push(strict, 0, timeout_us=10)
+    assert strict.decide(20 * US).expired == ()
+    lenient = make_queue(default_queue_policy=QueuePolicy(allow_timeout_override=True), max_queue_delay_microseconds=10**9)
+    push(lenient, 0, timeout_us=10)
+    assert len(lenient.decide(20 * US).expired) == 1
+
+
+def test_timeout_delay_moves_the_request_behind_unexpired_ones() -> None:
+    queue = make_queue(max_batch_size=1, max_queue_delay_microseconds=0,
+                       default_queue_policy=QueuePolicy(timeout_action="DELAY", default_timeout_microseconds=10,
+                                                        allow_timeout_override=True))
+    push(queue, 0, name="late", timeout_us=10)
+    push(queue, 1, name="fresh", timeout_us=10**6)
+    first = queue.decide(20 * US)
+    assert first.expired == ()
+    assert [i.payload for i in first.batch] == ["fresh"]
+    assert [i.payload for i in queue.decide(21 * US).batch] == ["late"]
+
+
+def test_higher_priority_level_goes_first() -> None:
+    queue = make_queue(max_batch_size=1, priority_levels=2, default_priority_level=2)
+    push(queue, 0, name="low")
+    push(queue, 1, name="high", priority=1)
+    assert [i.payload for i in queue.decide(2).batch] == ["high"]
+    assert [i.payload for i in queue.decide(3).batch] == ["low"]
+
+
+def test_out_of_range_priority_uses_the_default_level() -> None:
+    queue = make_queue(priority_levels=2, default_priority_level=2)
+    assert queue.level_for(0) == 2
+    assert queue.level_for(7) == 2
+    assert queue.level_for(1) == 1
+
+
+def test_max_queue_size_is_per_priority_level() -> None:
+    queue = make_queue(priority_levels=2, default_priority_level=2, max_queue_delay_microseconds=10**9,
+                       priority_queue_policy={1: QueuePolicy(max_queue_size=1)})
+    push(queue, 0, priority=1)
+    with pytest.raises(QueueFullError):
+        push(queue, 0, priority=1)
+    push(queue, 0, priority=2)  # level 2 is unbounded
+
+
+def test_discarded_request_is_never_taken() -> None:
+    queue = make_queue(max_queue_delay_microseconds=0)
+    gone = push(queue, 0, name="gone")
+    push(queue, 0, name="kept")
+    assert queue.discard(gone) is True
+    assert queue.discard(gone) is False
+    assert [i.payload for i in queue.decide(1).batch] == ["kept"]
+
+
+def test_without_dynamic_batching_each_batch_is_one_request() -> None:
+    queue = RequestQueue(max_batch_size=8, dynamic_batching=None)
+    push(queue, 0)
+    push(queue, 0)
+    assert len(queue.decide(0).batch) == 1
+
+
+def test_flush_ignores_the_queue_delay() -> None:
+    queue = make_queue(max_queue_delay_microseconds=10**9)
+    push(queue, 0)
+    assert sizes(queue.decide(1, flush=True)) == 1
+
+
+workloads = st.lists(
+    st.tuples(st.integers(1, 4), st.sampled_from(["a", "b"]), st.integers(0, 2)), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads, st.integers(1, 8), st.integers(0, 5))
+def test_the_queue_never_holds_more_than_max_queue_size_and_every_request_leaves_once(
+    workload: list[tuple[int, str, int]], max_batch: int, max_queue: int
+) -> None:
+    queue = make_queue(max_batch_size=max_batch, max_queue_delay_microseconds=10,
+                       default_queue_policy=QueuePolicy(max_queue_size=max_queue), priority_levels=2,
+                       default_priority_level=1)
+    accepted: list[QueuedRequest] = []
+    now = 0
+    for cost, signature, priority in workload:
+        now += 3 * US
+        try:
+            accepted.append(push(queue, now, cost=min(cost, max_batch), signature=signature, priority=priority))
+        except QueueFullError:
+            pass
+        if max_queue:
+            assert all(queue._sizes[level] <= max_queue for level in queue.levels)  # noqa: SLF001 - invariant check
+        decision = queue.decide(now)
+        assert sizes(decision) <= max_batch
+        assert len({item.signature for item in decision.batch}) <= 1
+    taken: list[QueuedRequest] = []
+    while len(queue):
+        now += 100 * US
+        taken.extend(queue.decide(now).batch)
+    # every accepted request leaves exactly once
+    assert len(taken) + sum(1 for i in accepted if i.removed) >= len(accepted)
