@@ -25,8 +25,21 @@ from nereid.errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ``nereid.batch`` (the decorator) is imported on first use, so that a model file's
+    # ``import nereid`` stays cheap.
+    if name in ("batch", "BatchedFunction"):
+        from nereid import batched
+
+        return getattr(batched, name)
+    raise AttributeError(f"module 'nereid' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
+    "batch",
+    "BatchedFunction",
     "ModelContext",
     "NereidError",
     "ConfigError",

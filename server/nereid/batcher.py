@@ -15,8 +15,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from nereid.batch import batch_signature, request_cost
-from nereid.config.schema import ModelConfig
+from nereid.batch_arrays import batch_signature, request_cost
+from nereid.config.schema import DynamicBatching, ModelConfig
 from nereid.errors import (
     InvalidInputError,
     ModelExecutionError,
@@ -50,7 +50,7 @@ class Instance(Protocol):
     @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
 
-    async def run_batch(self, requests: Sequence[InferRequest]) -> Outcome: ...
+    async def run_batch(self, requests: Sequence[Any]) -> Outcome: ...
 
 
 class DynamicBatcher:
@@ -65,26 +65,73 @@ class DynamicBatcher:
         self,
         *,
         model_name: str,
-        config: ModelConfig,
+        max_batch_size: int,
+        dynamic_batching: DynamicBatching | None,
         instances: Sequence[Instance],
         stats: ModelStats,
+        cost_of: Callable[[Any], int] = lambda payload: 1,
+        signature_of: Callable[[Any], Any] = lambda payload: None,
+        rows_of: Callable[[Any], int] = lambda payload: 1,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
+        """A batcher over generic payloads: ``cost_of`` counts a payload against
+        ``max_batch_size``, payloads batch together only with equal ``signature_of``, and
+        ``rows_of`` is what statistics count. ``for_model`` builds one for InferRequests."""
         self.model_name = model_name
-        self.config = config
         self.instances = tuple(instances)
         self.stats = stats
         self._clock = clock
-        self._queue = RequestQueue(
-            max_batch_size=config.max_batch_size, dynamic_batching=config.dynamic_batching
-        )
-        self._cost_fn = self.instances[0].cost_function if self.instances else None
+        self._cost_of = cost_of
+        self._signature_of = signature_of
+        self._rows_of = rows_of
+        self._queue = RequestQueue(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
         self._form_lock = asyncio.Lock()
         self._arrival: asyncio.Future[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self._running: set[asyncio.Future[Any]] = set()
         self._closed = False
         self._executing = 0
+
+    @classmethod
+    def for_model(
+        cls, model_name: str, config: ModelConfig, instances: Sequence[Instance], stats: ModelStats
+    ) -> DynamicBatcher:
+        """The batcher of a served model: cost is rows (or the model's ``batch_size()``),
+        requests whose shapes differ never share a batch (unless padded)."""
+        cost_fn = instances[0].cost_function if instances else None
+        batching = config.dynamic_batching is not None and config.max_batch_size > 0
+        limit = config.max_batch_size
+
+        def cost_of(request: InferRequest) -> int:
+            if cost_fn is None:
+                return request.rows
+            cost = request_cost(request, cost_fn)
+            if batching and cost > limit:
+                raise InvalidInputError(
+                    f"model '{model_name}': request cost {cost} (from Model.batch_size) "
+                    f"exceeds max_batch_size {limit}",
+                    model=model_name,
+                )
+            return cost
+
+        return cls(
+            model_name=model_name,
+            max_batch_size=config.max_batch_size,
+            dynamic_batching=config.dynamic_batching,
+            instances=instances,
+            stats=stats,
+            cost_of=cost_of,
+            signature_of=lambda request: batch_signature(request, config),
+            rows_of=lambda request: request.rows,
+        )
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Change the batch bound at run time (applies to batches formed from now on)."""
+        self._queue.set_max_batch_size(max_batch_size)
+
+    def set_max_queue_delay(self, microseconds: int) -> None:
+        """Change the queue delay at run time."""
+        self._queue.set_max_queue_delay(microseconds)
+        _wake_optional(self._arrival)
 
     @property
     def queue_depth(self) -> int:
@@ -126,12 +173,12 @@ class DynamicBatcher:
                 self._fail(item, UnavailableError(f"model '{self.model_name}' was unloaded"))
         self._workers.clear()
 
-    async def infer(self, request: InferRequest, received_ns: int | None = None) -> dict[str, np.ndarray]:
-        """Queue one request and wait for its outputs (its own rows only).
+    async def infer(self, payload: Any, received_ns: int | None = None) -> Any:
+        """Queue one payload and wait for its result (for a model: its own output rows).
 
         Raises QueueFullError, RequestTimeoutError, ModelExecutionError, InvalidInputError
         (cost beyond max_batch_size) or UnavailableError (stopping). If the caller is
-        cancelled while the request waits, the request leaves the queue unexecuted.
+        cancelled while the payload waits, it leaves the queue unexecuted.
         """
         if self._closed:
             raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
@@ -139,25 +186,16 @@ class DynamicBatcher:
         if received_ns is None:
             received_ns = now
         queue = self._queue
-        cost = request.rows
-        if self._cost_fn is not None:
-            cost = request_cost(request, self._cost_fn)
-            if queue.batching and cost > queue.max_batch_size:
-                raise InvalidInputError(
-                    f"model '{self.model_name}': request cost {cost} (from Model.batch_size) "
-                    f"exceeds max_batch_size {queue.max_batch_size}",
-                    model=self.model_name,
-                )
-        level = queue.level_for(request.priority)
+        level = queue.level_for(getattr(payload, "priority", 0))
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         item = QueuedRequest(
-            payload=(request, future, received_ns),
-            cost=cost,
-            signature=batch_signature(request, self.config),
+            payload=(payload, future, received_ns),
+            cost=self._cost_of(payload),
+            signature=self._signature_of(payload),
             level=level,
             enqueued_ns=now,
-            deadline_ns=queue.deadline_for(level, now, request.timeout_us),
+            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
         )
         try:
             queue.push(item)
@@ -167,6 +205,9 @@ class DynamicBatcher:
         arrival = self._arrival
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
+        if item.deadline_ns:
+            # Timeouts fire even while every instance is busy and nobody forms a batch.
+            loop.call_at(item.deadline_ns / 1e9, self._expire_timeouts)
         try:
             return await future
         except asyncio.CancelledError:
@@ -217,8 +258,8 @@ class DynamicBatcher:
 
     async def _execute(self, instance: Instance, batch: tuple[QueuedRequest, ...]) -> None:
         started = self._clock()
-        requests = [item.payload[0] for item in batch]
-        outcome = await instance.run_batch(requests)
+        payloads = [item.payload[0] for item in batch]
+        outcome = await instance.run_batch(payloads)
         if outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError):
             # Find the culprit: rerun one request at a time so only it fails.
             for item in batch:
@@ -230,7 +271,8 @@ class DynamicBatcher:
                 self._fail(item, outcome.error, "BACKEND")
             return
         assert outcome.outputs is not None
-        rows = sum(request.rows for request in requests)
+        rows_of = self._rows_of
+        rows = sum(rows_of(payload) for payload in payloads)
         self.stats.record_execution(
             rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
         )
@@ -247,6 +289,10 @@ class DynamicBatcher:
                 outcome.compute_infer_ns,
                 outcome.compute_output_ns,
             )
+
+    def _expire_timeouts(self) -> None:
+        for item in self._queue.expire(self._clock()):
+            self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
 
     def _fail(self, item: QueuedRequest, error: NereidError, reason: str = "OTHER") -> None:
         _, future, received_ns = item.payload

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from nereid.batch import assemble, split
+from nereid.batch_arrays import assemble, split
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError

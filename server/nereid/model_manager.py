@@ -318,7 +318,7 @@ class ModelManager:
                 instances.append(instance)
             labels = _load_labels(config, version.path, source.path)
             stats = ModelStats(name, version.version)
-            batcher = DynamicBatcher(model_name=name, config=config, instances=instances, stats=stats)
+            batcher = DynamicBatcher.for_model(name, config, instances, stats)
             await batcher.__aenter__()
         except NereidError as exc:
             reason = exc.message

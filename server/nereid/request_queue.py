@@ -77,6 +77,7 @@ class RequestQueue:
         self.batching = dynamic_batching is not None and max_batch_size > 0
         db = dynamic_batching or DynamicBatching()
         self.max_batch_size = max(1, max_batch_size)
+        self._configured_preferred = tuple(db.preferred_batch_size)
         self.preferred = frozenset(db.preferred_batch_size)
         self.max_preferred = max(db.preferred_batch_size) if db.preferred_batch_size else self.max_batch_size
         self.delay_ns = db.max_queue_delay_microseconds * 1000
@@ -91,6 +92,20 @@ class RequestQueue:
 
     def __len__(self) -> int:
         return self._live
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Change the batch bound (preferred sizes above it are ignored)."""
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size}")
+        self.max_batch_size = max_batch_size
+        preferred = [size for size in self._configured_preferred if size <= max_batch_size]
+        self.preferred = frozenset(preferred)
+        self.max_preferred = max(preferred) if preferred else max_batch_size
+
+    def set_max_queue_delay(self, microseconds: int) -> None:
+        if microseconds < 0:
+            raise ValueError(f"max_queue_delay_microseconds: expected an integer >= 0, got {microseconds}")
+        self.delay_ns = microseconds * 1000
 
     def policy(self, level: int) -> QueuePolicy:
         return self._policies[level]
@@ -136,6 +151,11 @@ class RequestQueue:
         item.removed = True
         self._sizes[item.level] -= 1
         self._live -= 1
+
+    def expire(self, now_ns: int) -> tuple[QueuedRequest, ...]:
+        """Apply timeouts due at ``now_ns`` without forming a batch: REJECT requests are
+        removed and returned (to be failed), DELAY requests move behind the others."""
+        return self._expire(now_ns)
 
     def decide(self, now_ns: int, *, flush: bool = False) -> Decision:
         """Expire timed-out requests, then take a batch if one is due at ``now_ns``.

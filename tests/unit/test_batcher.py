@@ -1,0 +1,209 @@
+"""DynamicBatcher through its front door, with fake instances that record what they get."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pytest
+
+from nereid.batcher import DynamicBatcher
+from nereid.config.schema import DynamicBatching, QueuePolicy
+from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
+from nereid.stats import ModelStats
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outputs: list[Any] | None
+    error: NereidError | None
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+@dataclass
+class FakeInstance:
+    """Doubles every item; fails any batch holding an item equal to ``poison``."""
+
+    name: str = "fake_0"
+    capacity: int = 1
+    poison: Any = None
+    gate: asyncio.Event | None = None
+    batches: list[list[Any]] = field(default_factory=list)
+
+    @property
+    def cost_function(self) -> None:
+        return None
+
+    async def run_batch(self, items: Sequence[Any]) -> Outcome:
+        self.batches.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(0)
+        if self.poison is not None and self.poison in items:
+            return Outcome(None, ModelExecutionError(f"model raised on {self.poison}"))
+        return Outcome([item * 2 for item in items], None)
+
+
+def make(instances: list[FakeInstance], max_batch_size: int = 8, **batching: Any) -> DynamicBatcher:
+    return DynamicBatcher(
+        model_name="m",
+        max_batch_size=max_batch_size,
+        dynamic_batching=DynamicBatching(**batching),
+        instances=instances,
+        stats=ModelStats("m", 1),
+    )
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_a_burst_with_a_long_queue_delay_forms_one_batch() -> None:
+    async def scenario() -> None:
+        instance = FakeInstance()
+        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9) as batcher:
+            results = await asyncio.gather(*(batcher.infer(i) for i in range(8)))
+        assert results == [i * 2 for i in range(8)]
+        assert [len(b) for b in instance.batches] == [8]
+        assert batcher.stats.execution_count == 1
+        assert batcher.stats.success.count == 8
+
+    run(scenario())
+
+
+def test_requests_arriving_while_the_instance_is_busy_are_batched_together() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=0) as batcher:
+            first = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.01)
+            rest = [asyncio.ensure_future(batcher.infer(i)) for i in range(1, 6)]
+            await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.gather(first, *rest)
+        assert [len(b) for b in instance.batches] == [1, 5]
+
+    run(scenario())
+
+
+def test_two_idle_instances_both_take_work() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        a, b = FakeInstance("a", gate=gate), FakeInstance("b", gate=gate)
+        async with make([a, b], max_batch_size=1) as batcher:
+            calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(2)]
+            await asyncio.sleep(0.01)
+            assert len(a.batches) == 1 and len(b.batches) == 1
+            gate.set()
+            await asyncio.gather(*calls)
+
+    run(scenario())
+
+
+def test_max_concurrent_batches_lets_one_instance_run_several_batches() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(capacity=3, gate=gate)
+        async with make([instance], max_batch_size=1) as batcher:
+            calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
+            await asyncio.sleep(0.01)
+            assert len(instance.batches) == 3
+            gate.set()
+            await asyncio.gather(*calls)
+
+    run(scenario())
+
+
+def test_a_failing_request_fails_alone_and_its_batch_mates_succeed() -> None:
+    async def scenario() -> None:
+        instance = FakeInstance(poison=3)
+        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9) as batcher:
+            results = await asyncio.gather(*(batcher.infer(i) for i in range(8)), return_exceptions=True)
+        assert isinstance(results[3], ModelExecutionError)
+        assert str(results[3]) == "model raised on 3"
+        assert [r for i, r in enumerate(results) if i != 3] == [i * 2 for i in range(8) if i != 3]
+        assert batcher.stats.fail.count == 1
+        assert batcher.stats.success.count == 7
+
+    run(scenario())
+
+
+def test_queue_full_rejects_with_tritons_message() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        policy = QueuePolicy(max_queue_size=1)
+        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+            running = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.01)
+            queued = asyncio.ensure_future(batcher.infer(1))
+            await asyncio.sleep(0.01)
+            with pytest.raises(QueueFullError, match="Exceeds maximum queue size"):
+                await batcher.infer(2)
+            gate.set()
+            assert await asyncio.gather(running, queued) == [0, 2]
+
+    run(scenario())
+
+
+def test_queued_request_times_out_with_request_timeout_expired() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        policy = QueuePolicy(default_timeout_microseconds=20_000)
+        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+            running = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.005)
+            with pytest.raises(RequestTimeoutError, match="Request timeout expired"):
+                await batcher.infer(1)
+            gate.set()
+            await running
+
+    run(scenario())
+
+
+def test_a_cancelled_caller_takes_its_request_out_of_the_queue() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
+            running = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.01)
+            gone = asyncio.ensure_future(batcher.infer(99))
+            kept = asyncio.ensure_future(batcher.infer(1))
+            await asyncio.sleep(0.01)
+            gone.cancel()
+            await asyncio.sleep(0.01)
+            gate.set()
+            assert await asyncio.gather(running, kept) == [0, 2]
+        assert all(99 not in batch for batch in instance.batches)
+
+    run(scenario())
+
+
+def test_closing_drains_queued_requests_without_waiting_out_the_delay() -> None:
+    async def scenario() -> None:
+        instance = FakeInstance()
+        batcher = make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9)
+        await batcher.__aenter__()
+        calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
+        await asyncio.sleep(0.01)
+        await batcher.aclose()
+        assert await asyncio.gather(*calls) == [0, 2, 4]
+
+    run(scenario())
+
+
+def test_set_max_batch_size_applies_to_later_batches() -> None:
+    async def scenario() -> None:
+        instance = FakeInstance()
+        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9) as batcher:
+            batcher.set_max_batch_size(2)
+            await asyncio.gather(*(batcher.infer(i) for i in range(4)))
+        assert [len(b) for b in instance.batches] == [2, 2]
+
+    run(scenario())
