@@ -295,7 +295,7 @@ class ModelManager:
         _log.info("loading: %s:%d", name, version.version)
         instances: list[ModelInstance] = []
         try:
-            config = self._resolve_kinds(source.config)
+            config = self._resolve_kinds(source.config, source.path / "config.toml")
             config_json = to_triton_json(config)
             model_class = await asyncio.to_thread(load_model_class, version.model_file, name)
             for index, (group, device) in enumerate(self._placements(config)):
@@ -356,7 +356,7 @@ class ModelManager:
             self._gpu_count = _visible_gpus()
         return self._gpu_count
 
-    def _resolve_kinds(self, config: ModelConfig) -> ModelConfig:
+    def _resolve_kinds(self, config: ModelConfig, config_path: Path) -> ModelConfig:
         groups = config.instance_group or (InstanceGroup(name=config.name),)
         resolved: list[InstanceGroup] = []
         for index, group in enumerate(groups):
@@ -368,14 +368,14 @@ class ModelManager:
                 if gpus == 0:
                     raise ModelLoadError(
                         config.name,
-                        f"instance_group[{index}].kind: KIND_GPU requested but no GPU is visible "
+                        f"{config_path}: instance_group[{index}].kind: KIND_GPU requested but no GPU is visible "
                         "(torch.cuda.is_available() is False)",
                     )
                 for gpu in group.gpus:
                     if gpu >= gpus:
                         raise ModelLoadError(
                             config.name,
-                            f"instance_group[{index}].gpus: GPU {gpu} does not exist "
+                            f"{config_path}: instance_group[{index}].gpus: GPU {gpu} does not exist "
                             f"(visible GPUs: {list(range(gpus))})",
                         )
                 if not group.gpus:
