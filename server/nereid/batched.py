@@ -54,7 +54,7 @@ class _FunctionRunner:
     def cost_function(self) -> None:
         return None
 
-    async def run_batch(self, items: Sequence[Any]) -> _Outcome:
+    async def run_batch(self, items: Sequence[Any], /) -> _Outcome:
         started = time.monotonic_ns()
         try:
             if self.is_async:
@@ -135,7 +135,7 @@ class BatchedFunction(Generic[T, R]):
                 )
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "batched")
+        self._name: str = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "batched"
         self._max_batch_size = max_batch_size
         self._delay_us = max_queue_delay_microseconds
         self._preferred = tuple(preferred_batch_size)
@@ -158,7 +158,8 @@ class BatchedFunction(Generic[T, R]):
     async def acall(self, item: T) -> R:
         """Await one item's result (from any event loop)."""
         future = self._state_or_start().submit(item)
-        return await asyncio.wrap_future(future)  # type: ignore[no-any-return]
+        result: R = await asyncio.wrap_future(future)
+        return result
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
@@ -187,21 +188,22 @@ class BatchedFunction(Generic[T, R]):
         state = self._state
         if state is None:
             return {"calls": 0, "failures": 0, "batches": 0, "batch_sizes": {}, "queued": 0}
-        return state.call_soon(lambda: _stats_view(state)).result()
+        view: dict[str, Any] = state.call_soon(lambda: _stats_view(state)).result()
+        return view
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
         if max_batch_size < 1:
             raise ValueError(f"nereid.batch: max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
         self._max_batch_size = max_batch_size
         for target in self._targets():
-            target.call_soon(lambda t=target: t.batcher.set_max_batch_size(max_batch_size)).result()
+            target.call_soon(functools.partial(target.batcher.set_max_batch_size, max_batch_size)).result()
 
     def set_max_queue_delay(self, microseconds: int) -> None:
         if microseconds < 0:
             raise ValueError(f"nereid.batch: max_queue_delay_microseconds: expected an integer >= 0, got {microseconds!r}")
         self._delay_us = microseconds
         for target in self._targets():
-            target.call_soon(lambda t=target: t.batcher.set_max_queue_delay(microseconds)).result()
+            target.call_soon(functools.partial(target.batcher.set_max_queue_delay, microseconds)).result()
 
     def _targets(self) -> list[_BatcherState]:
         states = [self._state] if self._state is not None else []

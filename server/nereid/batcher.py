@@ -34,23 +34,31 @@ _log = logging.getLogger("nereid")
 
 
 class Outcome(Protocol):
-    outputs: list[dict[str, np.ndarray]] | None
-    error: NereidError | None
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
+    """What an instance reports for one batch: per-payload results, or one error."""
+
+    @property
+    def outputs(self) -> Sequence[Any] | None: ...
+    @property
+    def error(self) -> NereidError | None: ...
+    @property
+    def compute_input_ns(self) -> int: ...
+    @property
+    def compute_infer_ns(self) -> int: ...
+    @property
+    def compute_output_ns(self) -> int: ...
 
 
 class Instance(Protocol):
     """What the batcher needs of an instance (``instance.ModelInstance`` is one)."""
 
-    name: str
-    capacity: int
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def capacity(self) -> int: ...
     @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
 
-    async def run_batch(self, requests: Sequence[Any]) -> Outcome: ...
+    async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
 
 
 class DynamicBatcher:

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     """ServerOptions from parsed flags: flags not given keep ServerOptions' defaults."""
-    given = {}
+    given: dict[str, Any] = {}
     for row in _FLAGS:
         value = getattr(args, row.field)
         if value is not None:

@@ -18,7 +18,7 @@ def bfloat16_dtype() -> np.dtype:
         import ml_dtypes
     except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
         return np.dtype(np.uint16)
-    return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)

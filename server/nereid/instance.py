@@ -88,7 +88,7 @@ class ModelInstance:
             torch.cuda.set_device(self.context.device)
         return self.model_class.cls(self.context)
 
-    async def run_batch(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+    async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
         """Execute one batch: never raises for model errors (they come back in the outcome)."""
         if self.model_class.infer_is_async:
             return await self._run_async(requests)

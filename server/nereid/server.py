@@ -162,7 +162,7 @@ class Server:
         watcher = asyncio.create_task(self._shutdown.wait())
         await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
         if not serving.done():
-            server.stop()
+            server.stop()  # type: ignore[no-untyped-call]
             await serving
         watcher.cancel()
 

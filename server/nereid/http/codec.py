@@ -39,6 +39,7 @@ from nereid.http import _tensors
 from nereid.inference import InferRequest, InferResult, ParameterValue, RequestedOutput
 
 __all__ = [
+    "ModelCodec",
     "ShmResolver",
     "ShmWriter",
     "decode_body",
@@ -174,8 +175,11 @@ def error_body(message: str) -> bytes:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _ModelSpec:
-    """What the codec needs from a ModelConfig, precomputed once per config object."""
+class ModelCodec:
+    """What the codec needs from one ModelConfig, precomputed once, plus its memo of
+    recently seen request headers. The HTTP layer keeps one per served model version
+    (``ModelCodec.for_config``) and passes it as ``config``; a plain ModelConfig works too
+    (a fresh ModelCodec per call, without the memo's benefit)."""
 
     config: ModelConfig
     inputs: Mapping[str, ModelInput]
@@ -190,6 +194,21 @@ class _ModelSpec:
     plans: dict[tuple[bytes, int, int], _Plan]
     #: keys parsed once, not yet planned.
     seen: set[tuple[bytes, int, int]]
+
+    @classmethod
+    def for_config(cls, config: ModelConfig) -> ModelCodec:
+        return cls(
+            config=config,
+            inputs={tensor.name: tensor for tensor in config.input},
+            outputs={tensor.name: tensor for tensor in config.output},
+            output_types={tensor.name: tensor.data_type for tensor in config.output},
+            required_inputs=sum(1 for tensor in config.input if not tensor.optional),
+            required_names=tuple(tensor.name for tensor in config.input if not tensor.optional),
+            batching=config.max_batch_size > 0,
+            requested={},
+            plans={},
+            seen=set(),
+        )
 
 
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen init costs more than the fields
@@ -217,34 +236,10 @@ class _Plan:
     order: tuple[str, ...] | None
 
 
-_SPECS: dict[int, _ModelSpec] = {}
-_SPEC_CACHE_SIZE = 256
-
-
-def _spec_for(config: ModelConfig) -> _ModelSpec:
-    # ModelConfig is frozen but holds Mappings (unhashable) and has no __weakref__ slot,
-    # so memoise by id() and keep the config alive in the entry: an id cannot be reused
-    # while its entry exists. The table is a bounded memo, not a registry: clearing it
-    # only costs a rebuild.
-    spec = _SPECS.get(id(config))
-    if spec is not None and spec.config is config:
-        return spec
-    spec = _ModelSpec(
-        config=config,
-        inputs={tensor.name: tensor for tensor in config.input},
-        outputs={tensor.name: tensor for tensor in config.output},
-        output_types={tensor.name: tensor.data_type for tensor in config.output},
-        required_inputs=sum(1 for tensor in config.input if not tensor.optional),
-        required_names=tuple(tensor.name for tensor in config.input if not tensor.optional),
-        batching=config.max_batch_size > 0,
-        requested={},
-        plans={},
-        seen=set(),
-    )
-    if len(_SPECS) >= _SPEC_CACHE_SIZE:
-        _SPECS.clear()
-    _SPECS[id(config)] = spec
-    return spec
+def _spec_for(config: ModelConfig | ModelCodec) -> ModelCodec:
+    if isinstance(config, ModelCodec):
+        return config
+    return ModelCodec.for_config(config)
 
 
 # -- request parsing ---------------------------------------------------------------------
@@ -254,7 +249,7 @@ def parse_infer_request(
     body: bytes,
     header_length: str | None,
     *,
-    config: ModelConfig,
+    config: ModelConfig | ModelCodec,
     model_name: str,
     model_version: int | None,
     max_json_size: int = 64 << 20,
@@ -284,13 +279,14 @@ def parse_infer_request(
 def _parse(
     body: bytes,
     header_length: str | None,
-    config: ModelConfig,
+    config: ModelConfig | ModelCodec,
     model_name: str,
     model_version: int | None,
     max_json_size: int,
     resolve_shm: ShmResolver | None,
 ) -> InferRequest:
     spec = _spec_for(config)
+    config = spec.config
     total = len(body)
     json_length = total if header_length is None else _parse_header_length(header_length, total)
     if json_length == 0:
@@ -402,7 +398,7 @@ def _plannable(parsed: Mapping[str, _tensors.WireInput], outputs: tuple[Requeste
 
 
 def _remember(
-    spec: _ModelSpec,
+    spec: ModelCodec,
     key: tuple[bytes, int, int],
     parsed: Mapping[str, _tensors.WireInput],
     request_id: str,
@@ -695,7 +691,7 @@ def _resolve(resolve_shm: ShmResolver | None, region: str, offset: int, size: in
 
 
 def _parse_outputs(
-    outputs_json: Any, spec: _ModelSpec, prefix: str, model_name: str, resolve_shm: ShmResolver | None
+    outputs_json: Any, spec: ModelCodec, prefix: str, model_name: str, resolve_shm: ShmResolver | None
 ) -> tuple[RequestedOutput, ...]:
     """The request's ``outputs`` list (Triton's output loop and ValidateOutputParameter)."""
     if type(outputs_json) is not list:
@@ -747,7 +743,7 @@ def _parse_outputs(
 
 
 def _requested(
-    cache: dict[tuple[str, bool, int], RequestedOutput], spec: _ModelSpec, name: str, binary: bool, classes: int
+    cache: dict[tuple[str, bool, int], RequestedOutput], spec: ModelCodec, name: str, binary: bool, classes: int
 ) -> RequestedOutput:
     # RequestedOutput is frozen, so one record per (name, binary, classes) can be shared
     # by every request: building a frozen dataclass costs more than the rest of an entry.
@@ -765,7 +761,7 @@ _REQUESTED_CACHE_SIZE = 64
 
 
 def _validate_inputs(
-    parsed: dict[str, _tensors.WireInput], spec: _ModelSpec, model_name: str, prefix: str
+    parsed: dict[str, _tensors.WireInput], spec: ModelCodec, model_name: str, prefix: str
 ) -> tuple[dict[str, NDArray[Any]], int]:
     """Triton core's InferenceRequest::Normalize for the inputs, in its order (inputs
     visited by name), then the arrays. Returns (name -> array in request order, rows)."""
@@ -825,7 +821,7 @@ def _validate_inputs(
 
 
 def _input_count_error(
-    parsed: dict[str, _tensors.WireInput], spec: _ModelSpec, model_name: str, prefix: str
+    parsed: dict[str, _tensors.WireInput], spec: ModelCodec, model_name: str, prefix: str
 ) -> str:
     config = spec.config
     missing = [f"'{t.name}'" for t in config.input if not t.optional and t.name not in parsed]
@@ -843,7 +839,7 @@ def _input_count_error(
 
 
 def _check_input(
-    item: _tensors.WireInput, tensor: ModelInput, spec: _ModelSpec, model_name: str, prefix: str
+    item: _tensors.WireInput, tensor: ModelInput, spec: ModelCodec, model_name: str, prefix: str
 ) -> None:
     """Datatype, shape and byte size of one input against its config (400s)."""
     name = item.name
@@ -893,7 +889,7 @@ def _check_input(
 
 
 def _parse_raw(
-    body: bytes, spec: _ModelSpec, model_name: str, model_version: int | None, max_json_size: int
+    body: bytes, spec: ModelCodec, model_name: str, model_version: int | None, max_json_size: int
 ) -> InferRequest:
     """A raw binary request (§3.4): the whole body is the model's single input."""
     size = len(body)
@@ -953,7 +949,7 @@ def _parse_raw(
 def encode_infer_response(
     result: InferResult,
     request: InferRequest,
-    config: ModelConfig,
+    config: ModelConfig | ModelCodec,
     *,
     accept_encoding: str | None = None,
     labels: Mapping[str, Sequence[str]] | None = None,
@@ -982,12 +978,13 @@ def encode_infer_response(
 def _encode(
     result: InferResult,
     request: InferRequest,
-    config: ModelConfig,
+    config: ModelConfig | ModelCodec,
     accept_encoding: str | None,
     labels: Mapping[str, Sequence[str]] | None,
     write_shm: ShmWriter | None,
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     spec = _spec_for(config)
+    config = spec.config
     model_name = request.model_name
     produced = result.outputs
     wanted: dict[str, RequestedOutput] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any, Awaitable, Callable, MutableMapping
 
 import orjson
@@ -84,6 +85,14 @@ class Endpoints:
     def __init__(self, manager: ModelManager, options: ServerOptions) -> None:
         self.manager = manager
         self.options = options
+        # One codec (lookup tables, header memo) per served model version; dropped with it.
+        self._codecs: weakref.WeakKeyDictionary[ServingModel, codec.ModelCodec] = weakref.WeakKeyDictionary()
+
+    def _codec(self, serving: ServingModel) -> codec.ModelCodec:
+        found = self._codecs.get(serving)
+        if found is None:
+            found = self._codecs[serving] = codec.ModelCodec.for_config(serving.config)
+        return found
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -266,10 +275,11 @@ class Endpoints:
                 raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
             if content_encoding:
                 body = codec.decode_body(body, content_encoding, max_size=self.options.max_request_size)
+            model_codec = self._codec(serving)
             request = codec.parse_infer_request(
                 body,
                 header_length,
-                config=serving.config,
+                config=model_codec,
                 model_name=name,
                 model_version=serving.version,
                 max_json_size=self.options.http_max_input_size,
@@ -277,7 +287,7 @@ class Endpoints:
             outputs = await serving.infer(request, received_ns)
             result = InferResult(name, serving.version, outputs, request.id)
             payload, headers = codec.encode_infer_response(
-                result, request, serving.config, accept_encoding=accept_encoding, labels=serving.labels
+                result, request, model_codec, accept_encoding=accept_encoding, labels=serving.labels
             )
         except NereidError as exc:
             await _send_error(send, exc)
@@ -297,7 +307,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     message = await receive()
     if message["type"] != "http.request":
         raise _ClientGone()
-    body = message.get("body", b"")
+    body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         return body
     chunks = [body]
