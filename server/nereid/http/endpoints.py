@@ -7,6 +7,7 @@ ModelManager's public methods; parsing and encoding of tensors belong to codec.p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -284,7 +285,7 @@ class Endpoints:
                 model_version=serving.version,
                 max_json_size=self.options.http_max_input_size,
             )
-            outputs = await serving.infer(request, received_ns)
+            outputs = await _infer_watching_disconnect(serving, request, received_ns, receive)
             result = InferResult(name, serving.version, outputs, request.id)
             payload, headers = codec.encode_infer_response(
                 result, request, model_codec, accept_encoding=accept_encoding, labels=serving.labels
@@ -297,6 +298,46 @@ class Endpoints:
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+
+#: A request still waiting after this long starts watching for its client going away
+#: (a task per request costs more than most requests take; a timer handle does not).
+_DISCONNECT_WATCH_AFTER_S = 0.02
+
+
+async def _infer_watching_disconnect(
+    serving: ServingModel, request: Any, received_ns: int, receive: Receive
+) -> Any:
+    """Run the request; if its client disconnects while it waits, cancel it so that it
+    leaves the queue unexecuted (the batcher discards cancelled requests)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    watcher: asyncio.Task[None] | None = None
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                task.cancel()
+                return
+
+    def arm() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(_DISCONNECT_WATCH_AFTER_S, arm)
+    try:
+        return await serving.infer(request, received_ns)
+    except asyncio.CancelledError:
+        if watcher is not None and watcher.done() and task.cancelling():
+            task.uncancel()
+            raise _ClientGone() from None
+        raise
+    finally:
+        timer.cancel()
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
 
 
 class _ClientGone(Exception):
