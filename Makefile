@@ -14,12 +14,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# torch is pinned in the same pip command as anything that depends on it, so pip never
+# resolves a newer (CUDA) build.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[examples]' '$(TORCH_CPU)'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test]' '$(TORCH_CPU)'
+	$(BIN)/pip install -q -e '.[test,examples]' '$(TORCH_CPU)'
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""text_embedder benchmark: the model's offline limit vs nereid serving it.
+
+1. Offline limit: the model's own ``infer`` on a full batch (max_batch_size rows of short
+   sentences) in a loop, in this process: rows/s. Also its B=1 time (median).
+2. nereid: serves model_repository/text_embedder; stock perf_analyzer sends one short
+   sentence per request at concurrency 1 and 64 (binary data, -b 1).
+3. Prints throughput, p50/p99, the ratio to the offline limit at concurrency 64 (target
+   >= 90%) and p50 at concurrency 1 minus the model's B=1 time (target <= 1 ms).
+
+Run: .venv/bin/python perf/bench_embedder.py [--seconds 5] [--http-server uvicorn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / "model_repository" / "text_embedder"
+PERF_ANALYZER = ROOT / "perf" / "perf_analyzer"
+
+SENTENCES = [
+    "A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+    "A man is riding a horse.", "A woman is playing violin.", "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.", "A monkey is playing drums.",
+    "Someone in a gorilla costume is playing a set of drums.", "The sky is blue today.",
+    "Batching makes inference cheaper.", "Python model servers can be fast.",
+    "The cat sat on the mat.", "It is raining in the city.", "She reads a book by the window.",
+    "The train leaves at noon.",
+]
+
+
+def offline_limit(seconds: float, batch: int) -> tuple[float, float]:
+    """(rows/s on full batches, median ms of one B=1 call) of the model's own infer."""
+    sys.path.insert(0, str(ROOT / "server"))
+    from nereid.config import load_model_config
+    from nereid.context import ModelContext
+    from nereid.model_file import load_model_class
+
+    config = load_model_config(MODEL_DIR / "config.toml", "text_embedder")
+    loaded = load_model_class(MODEL_DIR / "1" / "model.py", "text_embedder")
+    context = ModelContext("text_embedder", 1, "text_embedder_0", "cpu", "CPU", {}, dict(config.parameters), MODEL_DIR / "1")
+    model = loaded.cls(context)
+    full = np.array([[SENTENCES[i % len(SENTENCES)].encode()] for i in range(batch)], dtype=object)
+    one = full[:1]
+    for _ in range(3):
+        model.infer({"TEXT": full})
+    rows, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        model.infer({"TEXT": full})
+        rows += batch
+    throughput = rows / (time.perf_counter() - started)
+    single = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        model.infer({"TEXT": one})
+        single.append((time.perf_counter() - t0) * 1000)
+    return throughput, statistics.median(single)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_nereid(repo: Path, port: int, engine: str, log: Path) -> subprocess.Popen[bytes]:
+    nereid = ROOT / ".venv" / "bin" / "nereid"
+    command = [str(nereid), "serve", "--model-repository", str(repo), "--http-port", str(port), "--http-server", engine]
+    process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as response:
+                if response.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit(f"nereid did not become ready:\n{log.read_text()}")
+
+
+def perf_analyzer(port: int, concurrency: int, data: Path, csv_path: Path, seconds: float) -> dict[str, float]:
+    command = [
+        str(PERF_ANALYZER), "-m", "text_embedder", "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
+        "--concurrency-range", str(concurrency), "--input-data", str(data),
+        "-p", str(int(seconds * 1000)), "-s", "25", "-f", str(csv_path),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise SystemExit(f"perf_analyzer failed:\n{result.stdout}\n{result.stderr}")
+    with open(csv_path) as f:
+        row = next(csv.DictReader(f))
+    return {
+        "throughput": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1000,
+        "p99_ms": float(row["p99 latency"]) / 1000,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measurement window (default 5)")
+    parser.add_argument("--http-server", default="uvicorn", help="nereid's HTTP engine")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    print("measuring the offline limit (the model's own infer, full batches of 64)...", flush=True)
+    limit, b1_ms = offline_limit(args.seconds, 64)
+
+    work = Path(tempfile.mkdtemp(prefix="nereid-embedder-"))
+    repo = work / "repo"
+    shutil.copytree(MODEL_DIR, repo / "text_embedder", ignore=shutil.ignore_patterns("__pycache__"))
+    data = work / "sentences.json"
+    data.write_text(json.dumps({"data": [{"TEXT": {"content": [s], "shape": [1]}} for s in SENTENCES]}))
+    port = free_port()
+    server = start_nereid(repo, port, args.http_server, work / "nereid.log")
+    try:
+        c1 = perf_analyzer(port, 1, data, work / "c1.csv", args.seconds)
+        c64 = perf_analyzer(port, 64, data, work / "c64.csv", args.seconds)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    print()
+    print(f"offline limit (B=64)         {limit:9.0f} rows/s")
+    print(f"model B=1 time (median)      {b1_ms:9.2f} ms")
+    print(f"nereid c=1                   {c1['throughput']:9.0f} infer/s   p50 {c1['p50_ms']:.2f} ms   p99 {c1['p99_ms']:.2f} ms")
+    print(f"nereid c=64                  {c64['throughput']:9.0f} infer/s   p50 {c64['p50_ms']:.2f} ms   p99 {c64['p99_ms']:.2f} ms")
+    print(f"c=64 / offline limit         {c64['throughput'] / limit:9.1%}   (target >= 90%)")
+    print(f"c=1 p50 - model B=1 time     {c1['p50_ms'] - b1_ms:9.2f} ms  (target <= 1 ms)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
