@@ -6,6 +6,7 @@ framework); the server itself lives in ``nereid.server``.
 """
 
 from nereid.context import ModelContext
+from nereid.inference import FINISHED
 from nereid.errors import (
     ConfigError,
     InternalError,
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "__version__",
+    "FINISHED",
     "batch",
     "BatchedFunction",
     "ModelContext",

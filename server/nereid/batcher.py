@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -61,6 +61,48 @@ class Instance(Protocol):
     async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
 
 
+class _Stream:
+    """The channel of one streaming request: steps in (from the batch), out to its caller.
+
+    Quacks like the futures of non-streaming requests where the batcher needs it
+    (``done()``, ``set_exception()``), so queueing, timeouts and draining treat both alike.
+    """
+
+    __slots__ = ("_queue", "_done", "finished")
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._done = False
+        #: True once the request got its last step (not when it failed or was abandoned).
+        self.finished = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def put(self, outputs: Any) -> None:
+        if not self._done:
+            self._queue.put_nowait(outputs)
+
+    def finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self.finished = True
+            self._queue.put_nowait(_Stream._END)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            self._queue.put_nowait(error)
+
+    def abandon(self) -> None:
+        self._done = True
+
+    async def get(self) -> Any:
+        return await self._queue.get()
+
+
 class DynamicBatcher:
     """Batches one model version's requests onto its instances.
 
@@ -80,6 +122,7 @@ class DynamicBatcher:
         cost_of: Callable[[Any], int] = lambda payload: 1,
         signature_of: Callable[[Any], Any] = lambda payload: None,
         rows_of: Callable[[Any], int] = lambda payload: 1,
+        streaming: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         """A batcher over generic payloads: ``cost_of`` counts a payload against
@@ -93,6 +136,8 @@ class DynamicBatcher:
         self._signature_of = signature_of
         self._rows_of = rows_of
         self._queue = RequestQueue(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
+        #: decoupled models stream: their batches run through ``run_stream``.
+        self.streaming = streaming
         self._form_lock = asyncio.Lock()
         self._arrival: asyncio.Future[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -130,6 +175,7 @@ class DynamicBatcher:
             cost_of=cost_of,
             signature_of=lambda request: batch_signature(request, config),
             rows_of=lambda request: request.rows,
+            streaming=config.decoupled,
         )
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
@@ -223,6 +269,51 @@ class DynamicBatcher:
                 self.stats.record_failure(self._clock() - received_ns, "CANCELED")
             raise
 
+    async def stream(self, payload: Any, received_ns: int | None = None) -> AsyncIterator[Any]:
+        """Queue one request of a decoupled model and yield its outputs step by step, until
+        the model marks it finished or its batch's generator ends. Leaving the iteration
+        early (the client went away) takes it out of the queue, or out of its batch."""
+        if self._closed:
+            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
+        now = self._clock()
+        if received_ns is None:
+            received_ns = now
+        queue = self._queue
+        level = queue.level_for(getattr(payload, "priority", 0))
+        channel = _Stream()
+        item = QueuedRequest(
+            payload=(payload, channel, received_ns),
+            cost=self._cost_of(payload),
+            signature=self._signature_of(payload),
+            level=level,
+            enqueued_ns=now,
+            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
+        )
+        try:
+            queue.push(item)
+        except NereidError:
+            self.stats.record_failure(self._clock() - received_ns, "REJECTED")
+            raise
+        _wake_optional(self._arrival)
+        if item.deadline_ns:
+            asyncio.get_running_loop().call_at(item.deadline_ns / 1e9, self._expire_timeouts)
+        finished = False
+        try:
+            while True:
+                step = await channel.get()
+                if step is _Stream._END:
+                    finished = True
+                    return
+                if isinstance(step, BaseException):
+                    finished = True
+                    raise step
+                yield step
+        finally:
+            if not finished:
+                channel.abandon()
+                if queue.discard(item):
+                    self.stats.record_failure(self._clock() - received_ns, "CANCELED")
+
     # -- workers -----------------------------------------------------------------------
 
     async def _worker(self, instance: Instance) -> None:
@@ -265,6 +356,9 @@ class DynamicBatcher:
                         timer.cancel()
 
     async def _execute(self, instance: Instance, batch: tuple[QueuedRequest, ...]) -> None:
+        if self.streaming:
+            await self._execute_stream(instance, batch)
+            return
         started = self._clock()
         payloads = [item.payload[0] for item in batch]
         outcome = await instance.run_batch(payloads)
@@ -297,6 +391,47 @@ class DynamicBatcher:
                 outcome.compute_infer_ns,
                 outcome.compute_output_ns,
             )
+
+    async def _execute_stream(self, instance: Instance, batch: tuple[QueuedRequest, ...]) -> None:
+        """One batch of a decoupled model: every step reaches each request still listening;
+        a request leaves when the model marks it finished; the generator is closed once
+        nobody listens. A failure fails every request not finished yet (no retry: some
+        may already have received steps)."""
+        started = self._clock()
+        payloads = [item.payload[0] for item in batch]
+        channels: list[_Stream] = [item.payload[1] for item in batch]
+        stats = self.stats
+
+        def sink(parts: list[Any], finished: list[bool]) -> None:
+            for channel, part, done in zip(channels, parts, finished):
+                if channel.done():
+                    continue
+                channel.put(part)
+                if done:
+                    channel.finish()
+
+        def abandoned() -> bool:
+            return all(channel.done() for channel in channels)
+
+        # Steps from a sync generator reach ``sink`` through call_soon_threadsafe, in order and
+        # before the executor's completion callback, so every step is delivered by now.
+        outcome = await instance.run_stream(payloads, sink, abandoned)  # type: ignore[attr-defined]
+        end = self._clock()
+        if outcome.error is None:
+            rows = sum(self._rows_of(p) for p in payloads)
+            stats.record_execution(rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
+        for item, channel in zip(batch, channels):
+            received_ns = item.payload[2]
+            if not channel.done():
+                if outcome.error is not None:
+                    channel.set_exception(outcome.error)
+                else:
+                    channel.finish()  # the generator ended: so does every open stream
+            if channel.finished:
+                stats.record_success(end - received_ns, started - item.enqueued_ns, outcome.compute_input_ns,
+                                     outcome.compute_infer_ns, outcome.compute_output_ns)
+            else:
+                stats.record_failure(end - received_ns, "BACKEND" if outcome.error is not None else "CANCELED")
 
     def _expire_timeouts(self) -> None:
         for item in self._queue.expire(self._clock()):

@@ -19,10 +19,14 @@ from nereid.batch_arrays import assemble, split
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
-from nereid.inference import InferRequest
+from nereid.inference import FINISHED, InferRequest
 from nereid.model_file import ModelClass, describe_exception
 
-__all__ = ["ModelInstance", "BatchOutcome"]
+__all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
+
+#: Receives one streamed step on the event loop: each request's own outputs, and whether
+#: that request is finished with this step.
+StepSink = Callable[[list[dict[str, np.ndarray]], list[bool]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,96 @@ class ModelInstance:
         except NereidError as exc:
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    async def run_stream(
+        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool], /
+    ) -> BatchOutcome:
+        """Execute one batch of a decoupled model: ``infer`` is a generator (or async
+        generator) yielding output dicts for the whole batch, step by step. Each step is
+        split per request and handed to ``sink`` on the event loop. The generator is closed
+        early once ``abandoned()`` (every request finished or gone). Never raises for model
+        errors (they come back in the outcome)."""
+        loop = asyncio.get_running_loop()
+        if self.model_class.infer_is_async:
+            return await self._stream_async(requests, sink, abandoned)
+
+        def deliver(parts: list[dict[str, np.ndarray]], finished: list[bool]) -> None:
+            loop.call_soon_threadsafe(sink, parts, finished)
+
+        return await loop.run_in_executor(self._executor, self._stream_sync, requests, deliver, abandoned)
+
+    def _stream_sync(
+        self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]
+    ) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+            assert self._infer is not None
+            steps = self._infer(inputs)
+            if not hasattr(steps, "__next__"):
+                raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
+            try:
+                for step in steps:
+                    deliver(*self._split_step(step, requests))
+                    if abandoned():
+                        break
+            finally:
+                steps.close()
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        except Exception as exc:
+            return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+
+    async def _stream_async(
+        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool]
+    ) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+            assert self._infer is not None
+            steps = self._infer(inputs)
+            if not hasattr(steps, "__anext__"):
+                raise TypeError(f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}")
+            try:
+                async for step in steps:
+                    sink(*self._split_step(step, requests))
+                    if abandoned():
+                        break
+            finally:
+                await steps.aclose()
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        except Exception as exc:
+            return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+
+    def _split_step(
+        self, step: Any, requests: Sequence[InferRequest]
+    ) -> tuple[list[dict[str, np.ndarray]], list[bool]]:
+        model = self.context.model_name
+        if not isinstance(step, dict):
+            raise ModelExecutionError(
+                f'model "{model}": a streamed step must be a dict of output name -> array, got {type(step).__name__}',
+                model=model,
+            )
+        flags = step.get(FINISHED)
+        outputs = {k: v for k, v in step.items() if k != FINISHED} if flags is not None else step
+        parts = split(outputs, requests, self.config, model)
+        rows = sum(r.rows for r in requests)
+        if flags is None:
+            return parts, [False] * len(requests)
+        done = np.asarray(flags, dtype=bool).reshape(-1)
+        if done.shape[0] != rows:
+            raise ModelExecutionError(
+                f'model "{model}", {FINISHED}: expected {rows} flags (one per row of the batch), got {done.shape[0]}',
+                model=model,
+            )
+        finished, start = [], 0
+        for request in requests:
+            finished.append(bool(done[start : start + request.rows].all()))
+            start += request.rows
+        return parts, finished
 
     def _execution_error(self, exc: BaseException) -> ModelExecutionError:
         model = self.context.model_name
