@@ -207,3 +207,66 @@ def test_set_max_batch_size_applies_to_later_batches() -> None:
         assert [len(b) for b in instance.batches] == [2, 2]
 
     run(scenario())
+
+
+@dataclass
+class FakeStreamingInstance:
+    """Streams item*1, item*2, ... and marks an item finished after ``item`` steps."""
+
+    name: str = "stream_0"
+    capacity: int = 1
+    batches: list[list[Any]] = field(default_factory=list)
+    steps_run: int = 0
+
+    @property
+    def cost_function(self) -> None:
+        return None
+
+    async def run_batch(self, items: Sequence[Any]) -> Outcome:  # pragma: no cover - unused
+        raise AssertionError("a streaming batcher must call run_stream")
+
+    async def run_stream(self, items: Sequence[Any], sink: Any, abandoned: Any) -> Outcome:
+        self.batches.append(list(items))
+        for step in range(1, max(items) + 1):
+            self.steps_run += 1
+            sink([item * step for item in items], [item <= step for item in items])
+            await asyncio.sleep(0)
+            if abandoned():
+                break
+        return Outcome([], None)
+
+
+def make_streaming(instance: FakeStreamingInstance, **batching: Any) -> DynamicBatcher:
+    return DynamicBatcher(
+        model_name="s", max_batch_size=8, dynamic_batching=DynamicBatching(**batching),
+        instances=[instance], stats=ModelStats("s", 1), streaming=True,
+    )
+
+
+def test_each_streaming_request_gets_its_own_steps_and_leaves_when_finished() -> None:
+    async def scenario() -> None:
+        instance = FakeStreamingInstance()
+        async with make_streaming(instance, max_queue_delay_microseconds=10**9, preferred_batch_size=(3,)) as batcher:
+            async def collect(n: int) -> list[int]:
+                return [step async for step in batcher.stream(n)]
+
+            results = await asyncio.gather(collect(1), collect(3), collect(2))
+        assert results == [[1], [3, 6, 9], [2, 4]]
+        assert [len(b) for b in instance.batches] == [3]
+        assert batcher.stats.success.count == 3
+
+    run(scenario())
+
+
+def test_the_generator_stops_once_every_caller_is_gone() -> None:
+    async def scenario() -> None:
+        instance = FakeStreamingInstance()
+        async with make_streaming(instance) as batcher:
+            stream = batcher.stream(1000)
+            first = await stream.__anext__()
+            await stream.aclose()
+            await asyncio.sleep(0.05)
+        assert first == 1000
+        assert instance.steps_run < 1000
+
+    run(scenario())
