@@ -1,0 +1,566 @@
+#!/usr/bin/env python3
+"""Benchmark nereid (and optionally real Triton) on the identity model with perf_analyzer.
+
+The identity model: FP32 [16] in, the same out, max_batch_size 64, dynamic batching, one
+instance. For every concurrency level the project's stock perf_analyzer (perf/perf_analyzer,
+installed by ``make perf-analyzer``) runs ``-m identity -i http -b 1 --concurrency-range N``
+and the throughput (infer/sec) and p50/p99 latency (microseconds) are read from its CSV.
+
+    .venv/bin/python perf/bench_identity.py                      # nereid, levels 1,16,64
+    .venv/bin/python perf/bench_identity.py --triton --repeats 3 # nereid vs Triton, interleaved
+    .venv/bin/python perf/bench_identity.py --only-triton        # Triton alone
+    .venv/bin/python perf/bench_identity.py --smoke              # concurrency 4, a few seconds
+
+Triton is real tritonserver 2.51 (Python backend) started by
+../shared/tools/triton-anchor serve ../shared/tools/triton_repo (run
+``triton-anchor setup`` once first). With --triton the runs are interleaved (for each repeat
+and level: nereid, then Triton), and the medians and nereid/Triton ratios are printed.
+
+Standard library only. Exit status: 0 all runs succeeded; 1 a server did not start or a run
+failed; 2 perf_analyzer is not installed (the test suite skips on 2); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PERF_ANALYZER = REPO / "perf" / "perf_analyzer"
+ANCHOR = REPO.parent / "shared" / "tools" / "triton-anchor"
+TRITON_REPO = REPO.parent / "shared" / "tools" / "triton_repo"
+
+MODEL = "identity"
+
+CONFIG_TOML = """\
+# written by perf/bench_identity.py: the benchmark identity model
+name = "identity"
+backend = "python"
+max_batch_size = 64
+
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [16]
+
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [16]
+
+[dynamic_batching]
+max_queue_delay_microseconds = {queue_delay_us}
+
+[[instance_group]]
+count = 1
+kind = "KIND_CPU"
+"""
+
+MODEL_PY = '''\
+# written by perf/bench_identity.py: OUTPUT0 = INPUT0 for the whole batch.
+
+
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+'''
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------
+# servers
+
+
+class Server:
+    """A server process in its own process group, serving the identity model over HTTP."""
+
+    name = "server"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = log_dir / f"{self.name}.log"
+        self._log_file: io.BufferedWriter | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float) -> None:
+        cmd = self.command()
+        log(f"starting {self.name}: {' '.join(cmd)}")
+        self._log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() reaches its children
+        )
+        deadline = time.monotonic() + timeout
+        ready_url = f"http://{self.url}/v2/health/ready"
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with status {self.proc.returncode} before it was "
+                    f"ready; its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"{self.name} was not ready within {timeout:.0f}s; its log "
+                    f"({self.log_path}) ends with:\n{self.log_tail()}"
+                )
+            time.sleep(0.2)
+        log(f"{self.name} ready on {self.url}")
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    log(f"{self.name} did not stop on {sig.name}")
+        if p is not None:
+            # the group may outlive its leader (e.g. model worker processes)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Nereid(Server):
+    name = "nereid"
+
+    def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
+        super().__init__(log_dir)
+        self.args = args
+        self.metrics_port = free_port()
+        self.model_repo = log_dir / "model_repository"
+        model_dir = self.model_repo / MODEL
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.toml").write_text(
+            CONFIG_TOML.format(queue_delay_us=int(args.queue_delay_us))
+        )
+        (model_dir / "model.py").write_text(MODEL_PY)
+
+    def command(self) -> list[str]:
+        if self.args.nereid_cmd:
+            base = self.args.nereid_cmd.split()
+        elif (REPO / ".venv" / "bin" / "nereid").exists():
+            base = [str(REPO / ".venv" / "bin" / "nereid")]
+        else:
+            base = [sys.executable, "-m", "nereid"]
+        cmd = base + [
+            "serve",
+            "--model-repository", str(self.model_repo),
+            "--http-port", str(self.port),
+            "--metrics-port", str(self.metrics_port),
+        ]
+        if self.args.http_server:
+            cmd += ["--http-server", self.args.http_server]
+        for extra in self.args.nereid_arg:
+            cmd += extra.split()
+        return cmd
+
+
+class Triton(Server):
+    name = "triton"
+
+    def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
+        super().__init__(log_dir)
+        self.args = args
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        anchor = Path(self.args.triton_anchor)
+        repo = Path(self.args.triton_repo)
+        if not anchor.exists() or not (repo / MODEL).is_dir():
+            raise RuntimeError(f"--triton needs {anchor} and {repo / MODEL}")
+        # the anchor's fixed ports come first; tritonserver keeps the last value of a flag
+        return [
+            str(anchor), "serve", str(repo),
+            f"--http-port={self.port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--model-control-mode=explicit", f"--load-model={MODEL}",
+        ]
+
+
+# ---------------------------------------------------------------------------------------
+# perf_analyzer
+
+
+@dataclass
+class Run:
+    server: str
+    concurrency: int
+    repeat: int
+    ok: bool
+    throughput: float = float("nan")  # infer/sec
+    p50_us: float = float("nan")
+    p99_us: float = float("nan")
+    avg_us: float = float("nan")
+    seconds: float = 0.0
+    stability: float = float("nan")  # the -s that was used
+    load1: float = float("nan")  # the machine's 1-minute load average when the run began
+    error: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+_STDOUT_PATTERNS = {
+    "throughput": r"Throughput:\s*([0-9.]+)\s*infer/sec",
+    "avg_us": r"Avg latency:\s*([0-9.]+)\s*usec",
+    "p50_us": r"p50 latency:\s*([0-9.]+)\s*usec",
+    "p99_us": r"p99 latency:\s*([0-9.]+)\s*usec",
+}
+
+
+def parse_stdout(text: str) -> dict[str, float]:
+    """The numbers of the last level printed in perf_analyzer's report (a CSV fallback)."""
+    out: dict[str, float] = {}
+    for key, pat in _STDOUT_PATTERNS.items():
+        found = re.findall(pat, text)
+        if found:
+            out[key] = float(found[-1])
+    return out
+
+
+def parse_csv(path: Path) -> dict[str, float]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return {}
+    row = rows[-1]
+    return {
+        "throughput": float(row["Inferences/Second"]),
+        "p50_us": float(row["p50 latency"]),
+        "p99_us": float(row["p99 latency"]),
+        **{
+            k: float(v)
+            for k, v in row.items()
+            if k not in ("Concurrency", "Inferences/Second") and v not in (None, "")
+            and re.fullmatch(r"-?[0-9.]+", v)
+        },
+    }
+
+
+def run_level(
+    args: argparse.Namespace, server: Server, concurrency: int, repeat: int, work: Path
+) -> Run:
+    """One perf_analyzer run at one level. When perf_analyzer cannot stabilise (3 windows
+    within -s percent; likely on a busy machine) it is retried --retries times, each time
+    with twice the -s tolerance; the Run records the tolerance that was used."""
+    stability = float(args.stability_percentage)
+    for attempt in range(args.retries + 1):
+        load1 = os.getloadavg()[0]
+        r = run_perf_analyzer(args, server, concurrency, repeat, work, stability, attempt)
+        r.load1 = load1
+        if r.ok or "stable measurement" not in r.error or attempt == args.retries:
+            return r
+        log(f"{server.name} c={concurrency}: no stable measurement within -s {stability:g}; "
+            f"retrying with -s {stability * 2:g}")
+        stability *= 2
+    raise AssertionError("unreachable")
+
+
+def run_perf_analyzer(
+    args: argparse.Namespace, server: Server, concurrency: int, repeat: int, work: Path,
+    stability: float, attempt: int = 0,
+) -> Run:
+    stem = f"pa-{server.name}-c{concurrency}-r{repeat}" + (f"-a{attempt}" if attempt else "")
+    csv_path = work / f"{stem}.csv"
+    cmd = [
+        str(args.perf_analyzer),
+        "-m", MODEL,
+        "-u", server.url,
+        "-i", "http",
+        "-b", "1",
+        "--concurrency-range", str(concurrency),
+        "-p", str(args.measurement_interval),
+        "-s", f"{stability:g}",
+        "--max-trials", str(args.max_trials),
+        "-f", str(csv_path),
+    ] + args.pa_arg
+    # generous: every trial window, plus start-up and the final report
+    timeout = 60 + args.max_trials * args.measurement_interval / 1000 * 3
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        partial = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                   for x in (e.stdout, e.stderr)]
+        (work / f"{stem}.log").write_text("".join(partial) + "\n[bench] timed out\n")
+        return Run(server.name, concurrency, repeat, False, seconds=time.monotonic() - t0,
+                   stability=stability, error=f"perf_analyzer timed out after {timeout:.0f}s")
+    seconds = time.monotonic() - t0
+    text = proc.stdout + proc.stderr
+    (work / f"{stem}.log").write_text(text)
+    nums: dict[str, float] = {}
+    if proc.returncode == 0 and csv_path.exists():
+        try:
+            nums = parse_csv(csv_path)
+        except (KeyError, ValueError, OSError):
+            nums = {}
+    if not nums and proc.returncode == 0:
+        nums = parse_stdout(text)
+    if proc.returncode != 0 or "throughput" not in nums:
+        tail = "\n".join(text.strip().splitlines()[-8:])
+        return Run(server.name, concurrency, repeat, False, seconds=seconds,
+                   stability=stability, error=f"perf_analyzer exited {proc.returncode}: {tail}")
+    extra = {k: v for k, v in nums.items() if k not in ("throughput", "p50_us", "p99_us", "avg_us")}
+    avg = parse_stdout(text).get("avg_us", float("nan"))
+    return Run(server.name, concurrency, repeat, True, nums["throughput"], nums["p50_us"],
+               nums["p99_us"], avg, seconds, stability, extra=extra)
+
+
+# ---------------------------------------------------------------------------------------
+# reporting
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt(x: float, digits: int = 0) -> str:
+    return "-" if x != x else f"{x:,.{digits}f}"
+
+
+def summarize(
+    runs: list[Run], servers: list[str], levels: list[int], args_stability: float
+) -> list[dict[str, object]]:
+    """Medians per server and level; ``relaxed``: a run needed a wider -s to stabilise."""
+    rows: list[dict[str, object]] = []
+    for c in levels:
+        for s in servers:
+            ok = [r for r in runs if r.server == s and r.concurrency == c and r.ok]
+            n = len([r for r in runs if r.server == s and r.concurrency == c])
+            rows.append({
+                "server": s, "concurrency": c, "runs_ok": len(ok), "runs": n,
+                "throughput": median([r.throughput for r in ok]),
+                "p50_us": median([r.p50_us for r in ok]),
+                "p99_us": median([r.p99_us for r in ok]),
+                "throughput_all": [round(r.throughput, 1) for r in ok],
+                "relaxed": any(r.stability > args_stability for r in ok),
+            })
+    return rows
+
+
+def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[int]) -> None:
+    head = f"{'server':<8} {'conc':>5} {'infer/s':>10} {'p50 us':>9} {'p99 us':>9} {'runs':>5}"
+    compare = "nereid" in servers and "triton" in servers
+    if compare:
+        head += f"  {'thr ratio':>9} {'p50 ratio':>9} {'p99 ratio':>9}"
+    print(head)
+    print("-" * len(head))
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    for c in levels:
+        for s in servers:
+            r = by[(s, c)]
+            line = (f"{s:<8} {c:>5} {fmt(r['throughput'], 1):>10} {fmt(r['p50_us']):>9} "  # type: ignore[arg-type]
+                    f"{fmt(r['p99_us']):>9} {r['runs_ok']:>2}/{r['runs']:<1}"  # type: ignore[arg-type]
+                    f"{'~' if r['relaxed'] else ' '}")
+            if compare and s == "nereid":
+                t = by[("triton", c)]
+                ratios = [
+                    float(r[k]) / float(t[k]) if float(t[k]) else float("nan")  # type: ignore[arg-type]
+                    for k in ("throughput", "p50_us", "p99_us")
+                ]
+                line += "  " + " ".join(f"{fmt(x, 2):>9}" for x in ratios)
+            print(line)
+    if any(r["relaxed"] for r in rows):
+        print("~: some runs only stabilised with a wider perf_analyzer -s (see --retries)")
+    if compare:
+        print("ratios are nereid / Triton: throughput > 1 and latency < 1 favour nereid")
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--concurrency", default="1,16,64", help="comma-separated levels")
+    p.add_argument("--repeats", type=int, default=1, help="runs per server and level")
+    p.add_argument("--measurement-interval", type=int, default=3000,
+                   help="perf_analyzer -p: window length, ms")
+    p.add_argument("--stability-percentage", type=float, default=10,
+                   help="perf_analyzer -s: 3 windows within this %% count as stable")
+    p.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
+    p.add_argument("--retries", type=int, default=2,
+                   help="reruns of a level that did not stabilise, each with twice the -s")
+    p.add_argument("--queue-delay-us", type=int, default=100,
+                   help="nereid's max_queue_delay_microseconds (Triton's identity uses 100)")
+    p.add_argument("--http-server", default=None,
+                   help="nereid serve --http-server ENGINE (granian, uvicorn, hypercorn)")
+    p.add_argument("--nereid-cmd", default=None,
+                   help="command that runs nereid (unset: .venv/bin/nereid, else python -m nereid)")
+    p.add_argument("--nereid-arg", action="append", default=[],
+                   help="extra argument(s) for `nereid serve` (repeatable)")
+    p.add_argument("--triton", action="store_true",
+                   help="also measure real Triton, interleaved with nereid")
+    p.add_argument("--only-triton", action="store_true", help="measure Triton only")
+    p.add_argument("--triton-anchor", default=str(ANCHOR), help="the triton-anchor script")
+    p.add_argument("--triton-repo", default=str(TRITON_REPO),
+                   help="Triton-format repository holding identity/")
+    p.add_argument("--perf-analyzer", default=str(PERF_ANALYZER), help="perf_analyzer to run")
+    p.add_argument("--pa-arg", action="append", default=[],
+                   help="extra argument for perf_analyzer (repeatable, e.g. --pa-arg=--async)")
+    p.add_argument("--start-timeout", type=float, default=120, help="seconds to become ready")
+    p.add_argument("--json", default=None, help="write every run and the summary here")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work directory (server logs, perf_analyzer CSVs and logs)")
+    p.add_argument("--smoke", action="store_true",
+                   help="quick check: concurrency 4, 1 s windows, at most 3 trials, any "
+                        "stability; fails unless every run succeeds")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.concurrency = "4"
+        args.repeats = 1
+        args.measurement_interval = 1000
+        args.stability_percentage = 1000
+        args.max_trials = 3
+        args.retries = 0
+    try:
+        args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        p.error("--concurrency takes integers, e.g. 1,16,64")
+    if not args.levels or min(args.levels) < 1 or args.repeats < 1:
+        p.error("need at least one level >= 1 and --repeats >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pa = Path(args.perf_analyzer)
+    if not pa.exists():
+        log(f"{pa} not found; install with `make perf-analyzer`")
+        return 2
+    check = subprocess.run([str(pa), "--version"], capture_output=True, text=True)
+    if check.returncode != 0:
+        log(f"perf_analyzer does not run: {(check.stderr or check.stdout).strip()}")
+        return 2
+
+    work = Path(tempfile.mkdtemp(prefix="nereid-bench-"))
+    servers: list[Server] = []
+    if not args.only_triton:
+        servers.append(Nereid(work, args))
+    if args.triton or args.only_triton:
+        servers.append(Triton(work, args))
+    names = [s.name for s in servers]
+    runs: list[Run] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    status = 0
+    try:
+        for s in servers:
+            s.start(args.start_timeout)
+        log(f"perf_analyzer: {(check.stdout + check.stderr).strip()}; levels {args.levels}; "
+            f"{args.repeats} repeat(s); window {args.measurement_interval} ms; work dir {work}")
+        for rep in range(args.repeats):
+            for c in args.levels:
+                for s in servers:  # interleaved: nereid, Triton, next level ...
+                    r = run_level(args, s, c, rep, work)
+                    runs.append(r)
+                    if r.ok:
+                        log(f"rep {rep + 1} {s.name:<6} c={c:<3} {r.throughput:10.1f} infer/s  "
+                            f"p50 {r.p50_us:7.0f} us  p99 {r.p99_us:7.0f} us  ({r.seconds:.0f}s, "
+                            f"load {r.load1:.1f})")
+                    else:
+                        log(f"rep {rep + 1} {s.name:<6} c={c:<3} FAILED: {r.error}")
+                        status = 1
+                        if s.proc is not None and s.proc.poll() is not None:
+                            raise RuntimeError(f"{s.name} died; log:\n{s.log_tail()}")
+    except KeyboardInterrupt:
+        log("interrupted")
+        status = 130
+    except RuntimeError as e:
+        log(str(e))
+        status = 1
+    finally:
+        for s in servers:
+            s.stop()
+
+    rows = summarize(runs, names, args.levels, float(args.stability_percentage))
+    if runs:
+        print_table(rows, names, args.levels)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"levels": args.levels, "repeats": args.repeats,
+             "measurement_interval_ms": args.measurement_interval,
+             "queue_delay_us": args.queue_delay_us, "http_server": args.http_server,
+             "runs": [asdict(r) for r in runs], "summary": rows},
+            indent=2, default=str))
+    if args.keep or status not in (0, 130):
+        log(f"work directory kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
