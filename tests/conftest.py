@@ -130,6 +130,9 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     log_path = log_dir / f"nereid-{port}.log"
     command = [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repository),
                "--http-port", str(port), *args]
+    if "--metrics-port" not in args and "--allow-metrics" not in args:
+        # Test servers run side by side: each gets its own free metrics port, never 8002.
+        command += ["--metrics-port", str(free_port())]
     if engine is not None:
         command += ["--http-server", engine]
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -6,11 +6,18 @@ the event loop (the batcher's tasks), so no locks. Knows nothing about HTTP or P
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Duration", "BatchStats", "ModelStats"]
+__all__ = ["Duration", "BatchStats", "ModelStats", "QUEUE_BUCKETS_US"]
+
+#: Upper bounds (inclusive, microseconds) of the queue-time distribution kept per model;
+#: ``ModelStats.queue_buckets`` has one more slot for longer waits.
+QUEUE_BUCKETS_US = (50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+                    250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000)
+_QUEUE_BUCKETS_NS = tuple(us * 1000 for us in QUEUE_BUCKETS_US)
 
 
 @dataclass(slots=True)
@@ -63,6 +70,9 @@ class ModelStats:
     failures_by_reason: dict[str, int] = field(
         default_factory=lambda: {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
     )
+    #: successful requests by queue time: slot i counts waits <= QUEUE_BUCKETS_US[i]
+    #: (and above the previous bound); the last slot counts longer waits.
+    queue_buckets: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_BUCKETS_US) + 1))
 
     def record_execution(
         self, rows: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
@@ -88,10 +98,15 @@ class ModelStats:
         """One successful request."""
         self.success.add(total_ns)
         self.queue.add(queue_ns)
+        self.record_queue_time(queue_ns)
         self.compute_input.add(compute_input_ns)
         self.compute_infer.add(compute_infer_ns)
         self.compute_output.add(compute_output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
+
+    def record_queue_time(self, queue_ns: int) -> None:
+        """Count one successful request's queue time in ``queue_buckets``."""
+        self.queue_buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """One failed request; ``reason`` is Triton's metric label."""

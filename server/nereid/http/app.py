@@ -16,12 +16,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from nereid.http.endpoints import Endpoints, Receive, Scope, Send
 from nereid.http.errors import error_json
+from nereid.http.generate import GenerateHandler
+from nereid.http.operations import Operations
 from nereid.model_manager import ModelManager
 from nereid.options import ServerOptions
+from nereid.shared_memory import SharedMemoryManager
 
 __all__ = ["create_app", "NereidApp"]
 
@@ -46,8 +49,12 @@ class NereidApp:
                     await self.endpoints.infer(scope, receive, send, match.group(1), match.group(2))
                     return
             elif method == "HEAD" or method == "OPTIONS":
-                # Triton answers only GET/POST; Starlette would serve HEAD for GET routes.
-                await _send_plain_error(send, 405, "Method Not Allowed")
+                # Triton answers only GET/POST (Starlette would serve HEAD for GET routes):
+                # 405 on a known route, and like any other method 404 on an unknown path.
+                if any(route.matches(scope)[0] is not Match.NONE for route in self.starlette.router.routes):
+                    await _send_plain_error(send, 405, "Method Not Allowed")
+                else:
+                    await _send_plain_error(send, 404, "Not Found")
                 return
         await self.starlette(scope, receive, send)
 
@@ -57,12 +64,21 @@ def create_app(
     options: ServerOptions,
     *,
     on_started: Callable[[], Awaitable[None] | None] | None = None,
+    shm: SharedMemoryManager | None = None,
 ) -> NereidApp:
     """The ASGI app for one ModelManager. Its lifespan starts the manager (models load in
     the background, so health/live answers at once and ready turns true when they are
-    done; then ``on_started`` runs) and closes it on shutdown."""
-    endpoints = Endpoints(manager, options)
+    done; then ``on_started`` runs) and closes it on shutdown. ``shm`` holds the
+    client-registered shared-memory regions (a fresh manager when not given)."""
+    if shm is None:
+        shm = SharedMemoryManager()
+    endpoints = Endpoints(manager, options, shm=shm)
     e = endpoints
+    ops = Operations(manager, options, shm)
+    generate = GenerateHandler(manager, options, stream=False)
+    generate_stream = GenerateHandler(manager, options, stream=True)
+    sys_shm = "/v2/systemsharedmemory"
+    cuda_shm = "/v2/cudasharedmemory"
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version:int}"
     routes = [
@@ -80,12 +96,32 @@ def create_app(
         Route(versioned + "/stats", e.model_stats, methods=["GET"]),
         Route(model + "/infer", _method_not_allowed, methods=["POST"]),
         Route(versioned + "/infer", _method_not_allowed, methods=["POST"]),
+        # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
+        Route(model + "/generate", generate, methods=["POST"]),
+        Route(versioned + "/generate", generate, methods=["POST"]),
+        Route(model + "/generate_stream", generate_stream, methods=["POST"]),
+        Route(versioned + "/generate_stream", generate_stream, methods=["POST"]),
         Route("/v2/repository/index", e.repository_index, methods=["POST"]),
         Route("/v2/repository/{repo}/index", e.repository_index, methods=["POST"]),
         Route("/v2/repository/models/{name}/load", e.repository_load, methods=["POST"]),
         Route("/v2/repository/models/{name}/unload", e.repository_unload, methods=["POST"]),
         Route("/v2/repository/{repo}/models/{name}/load", e.repository_load, methods=["POST"]),
         Route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, methods=["POST"]),
+        Route("/v2/logging", ops.logging, methods=["GET", "POST"]),
+        Route("/v2/trace/setting", ops.trace_setting, methods=["GET", "POST"]),
+        Route(model + "/trace/setting", ops.trace_setting, methods=["GET", "POST"]),
+        Route(sys_shm + "/status", ops.system_shm_status, methods=["GET"]),
+        Route(sys_shm + "/region/{region}/status", ops.system_shm_status, methods=["GET"]),
+        Route(sys_shm + "/register", ops.system_shm_register, methods=["POST"]),
+        Route(sys_shm + "/region/{region}/register", ops.system_shm_register, methods=["POST"]),
+        Route(sys_shm + "/unregister", ops.system_shm_unregister, methods=["POST"]),
+        Route(sys_shm + "/region/{region}/unregister", ops.system_shm_unregister, methods=["POST"]),
+        Route(cuda_shm + "/status", ops.cuda_shm_status, methods=["GET"]),
+        Route(cuda_shm + "/region/{region}/status", ops.cuda_shm_status, methods=["GET"]),
+        Route(cuda_shm + "/register", ops.cuda_shm_register, methods=["POST"]),
+        Route(cuda_shm + "/region/{region}/register", ops.cuda_shm_register, methods=["POST"]),
+        Route(cuda_shm + "/unregister", ops.cuda_shm_unregister, methods=["POST"]),
+        Route(cuda_shm + "/region/{region}/unregister", ops.cuda_shm_unregister, methods=["POST"]),
     ]
 
     @contextlib.asynccontextmanager

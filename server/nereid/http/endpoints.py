@@ -22,7 +22,7 @@ from nereid.config import config_from_triton_json
 from nereid.errors import (
     InvalidInputError,
     MalformedRequestError,
-    ModelLoadError,
+    ModelNotFoundError,
     NereidError,
     UnavailableError,
     UnsupportedError,
@@ -32,6 +32,8 @@ from nereid.http.errors import error_json, status_for
 from nereid.inference import InferResult
 from nereid.model_manager import ModelManager, ServingModel
 from nereid.options import ServerOptions
+from nereid.repository import check_model_name
+from nereid.shared_memory import SharedMemoryManager
 
 __all__ = ["Endpoints", "EXTENSIONS"]
 
@@ -49,9 +51,13 @@ EXTENSIONS = (
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 )
 
 _JSON = "application/json"
@@ -83,9 +89,12 @@ def parse_version(value: str | int | None) -> int | None:
 class Endpoints:
     """Handlers bound to one ModelManager and ServerOptions."""
 
-    def __init__(self, manager: ModelManager, options: ServerOptions) -> None:
+    def __init__(
+        self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager | None = None
+    ) -> None:
         self.manager = manager
         self.options = options
+        self._shm = shm if shm is not None else SharedMemoryManager()
         # One codec (lookup tables, header memo) per served model version; dropped with it.
         self._codecs: weakref.WeakKeyDictionary[ServingModel, codec.ModelCodec] = weakref.WeakKeyDictionary()
 
@@ -111,8 +120,14 @@ class Endpoints:
         return self.manager.get(params["name"], parse_version(params.get("version")))
 
     async def model_ready(self, request: Request) -> Response:
+        # Triton's HandleModelReady: the core answers "not ready" (not an error) for an
+        # unknown model or version and for a version that is not READY, and the handler
+        # turns every "not ready" into 400 "Model version not ready". Only a bad version
+        # string is its own error.
         try:
             self._serving(request)
+        except (ModelNotFoundError, UnavailableError):
+            return error_response(InvalidInputError("Model version not ready"))
         except NereidError as exc:
             return error_response(exc)
         return empty_response(200)
@@ -191,7 +206,7 @@ class Endpoints:
                     return error_response(InvalidInputError("Invalid value for 'ready': expected a boolean"))
                 ready_only = obj["ready"]
         entries = []
-        for entry in self.manager.index(ready_only):
+        for entry in await self.manager.index(ready_only):
             row: dict[str, Any] = {"name": entry.name}
             if entry.version is not None:
                 row["version"] = str(entry.version)
@@ -204,6 +219,7 @@ class Endpoints:
 
     def _control_allowed(self) -> NereidError | None:
         if self.manager.mode != "explicit":
+            # Triton's text for both NONE and POLL mode (model_repository_manager.cc).
             return UnavailableError("explicit model load / unload is not allowed if polling is enabled")
         return None
 
@@ -214,31 +230,31 @@ class Endpoints:
         if refused is not None:
             return error_response(refused)
         name = request.path_params["name"]
-        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-            return error_response(InvalidInputError(f"invalid model name '{name}': expected a folder name in the repository"))
-        body = await request.body()
-        config = None
         try:
-            params = _parse_parameters(body)
+            check_model_name(name)  # before anything touches the filesystem
+            params = _parse_parameters(await request.body())
             for key, value in params.items():
-                if key.startswith("file:"):
-                    raise InvalidInputError(
-                        f"load of model '{name}': parameter '{key}' refused: nereid does not accept model files over HTTP"
-                    )
                 if not isinstance(value, str):
-                    raise InvalidInputError(f"load of model '{name}': parameter '{key}' must be a string, got {type(value).__name__}")
+                    raise InvalidInputError(
+                        f"load of model '{name}': parameter '{key}': expected a JSON string, got {type(value).__name__}"
+                    )
+                if key.startswith("file:"):
+                    raise UnsupportedError(
+                        f"load of model '{name}': parameter '{key}' refused: nereid does not accept model files "
+                        "over HTTP; put the files in the model repository folder and load the model by name"
+                    )
+            config = None
             if "config" in params:
+                source = f"load request for '{name}' (parameters.config)"
                 try:
                     obj = orjson.loads(params["config"])
                 except orjson.JSONDecodeError as exc:
-                    raise InvalidInputError(f"failed to parse 'config' of model '{name}': {exc}") from exc
+                    raise InvalidInputError(f"{source}: failed to parse the JSON text: {exc}") from exc
                 if not isinstance(obj, dict):
-                    raise InvalidInputError(f"'config' of model '{name}': expected a JSON object")
-                config = config_from_triton_json(obj, source=f"load request for '{name}' (config)", folder_name=name)
+                    raise InvalidInputError(f"{source}: expected a JSON object, got {type(obj).__name__}")
+                config = config_from_triton_json(obj, source=source, folder_name=name)
             await self.manager.load(name, config)
-        except ModelLoadError as exc:
-            return error_response(ModelLoadError(name, f"failed to load '{name}': {exc.reason}"))
-        except NereidError as exc:
+        except NereidError as exc:  # ModelLoadError reads "failed to load 'm', <reason>" (500)
             return error_response(exc)
         return empty_response(200)
 
@@ -248,20 +264,26 @@ class Endpoints:
         refused = self._control_allowed()
         if refused is not None:
             return error_response(refused)
+        name = request.path_params["name"]
         try:
+            check_model_name(name)
             params = _parse_parameters(await request.body())
             if "unload_dependents" in params and not isinstance(params["unload_dependents"], bool):
-                raise InvalidInputError("Unable to parse 'unload_dependents': expected a boolean")
+                raise InvalidInputError(
+                    f"unload of model '{name}': parameter 'unload_dependents': expected a boolean, "
+                    f"got {type(params['unload_dependents']).__name__}"
+                )
+            # unload_dependents is accepted and has nothing to do: nereid has no ensembles.
+            await self.manager.unload(name)
         except NereidError as exc:
             return error_response(exc)
-        await self.manager.unload(request.path_params["name"])
         return empty_response(200)
 
     # -- infer (raw ASGI: the hot path) --------------------------------------------------
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
         received_ns = time.monotonic_ns()
-        header_length = content_encoding = accept_encoding = None
+        header_length = content_encoding = accept_encoding = content_length = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
                 header_length = value.decode("latin-1")
@@ -269,8 +291,19 @@ class Endpoints:
                 content_encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
+            elif key == b"content-length":
+                content_length = value
+        shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
-            body = await _read_body(receive, self.options.max_request_size)
+            limit = self.options.max_request_size
+            if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+                # Refuse on the declared size, before reading: waiting for a body that is
+                # too large (or that never comes) would hold the request open for nothing.
+                raise InvalidInputError(
+                    f"request body of {int(content_length)} bytes exceeds the maximum allowed size "
+                    f"({limit} bytes, --max-request-size)"
+                )
+            body = await _read_body(receive, limit)
             serving = self.manager.get(name, parse_version(version_text))
             if serving.config.decoupled:
                 raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
@@ -284,17 +317,21 @@ class Endpoints:
                 model_name=name,
                 model_version=serving.version,
                 max_json_size=self.options.http_max_input_size,
+                resolve_shm=shm.resolve,
             )
             outputs = await _infer_watching_disconnect(serving, request, received_ns, receive)
             result = InferResult(name, serving.version, outputs, request.id)
             payload, headers = codec.encode_infer_response(
-                result, request, model_codec, accept_encoding=accept_encoding, labels=serving.labels
+                result, request, model_codec, accept_encoding=accept_encoding, labels=serving.labels,
+                write_shm=shm.write,
             )
         except NereidError as exc:
             await _send_error(send, exc)
             return
         except _ClientGone:
             return
+        finally:
+            shm.release()
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -349,10 +386,12 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     if message["type"] != "http.request":
         raise _ClientGone()
     body: bytes = message.get("body", b"")
+    size = len(body)
+    if size > limit:
+        raise _too_large(limit)
     if not message.get("more_body", False):
         return body
     chunks = [body]
-    size = len(body)
     while True:
         message = await receive()
         if message["type"] != "http.request":
@@ -360,13 +399,17 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise InvalidInputError(
-                f"request body of more than {limit} bytes exceeds the maximum allowed size "
-                f"({limit} bytes, --max-request-size)"
-            )
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _too_large(limit: int) -> InvalidInputError:
+    return InvalidInputError(
+        f"request body of more than {limit} bytes exceeds the maximum allowed size "
+        f"({limit} bytes, --max-request-size)"
+    )
 
 
 async def _send_error(send: Send, error: NereidError) -> None:

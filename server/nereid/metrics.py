@@ -1,0 +1,371 @@
+"""Prometheus metrics for the metrics port: Triton's per-model series plus nereid's
+batching view, read from ModelStats at scrape time, and the tiny listener serving them.
+
+The only module that knows prometheus_client. Each server builds its own ``Metrics``
+(its own CollectorRegistry), so two servers in one process never share a series.
+Nothing is counted twice: a Collector turns the ModelStats counters the batcher keeps
+into metric families when ``/metrics`` is scraped.
+
+Two choices worth knowing:
+
+* Text rendering is done here, not by ``prometheus_client.generate_latest``: that one
+  renames every counter to ``<name>_total``, and Triton's series (and the dashboards and
+  tools written for them) have no such suffix. The renderer below writes Prometheus text
+  format 0.0.4 with the names as given, integral values without a decimal point, labels
+  sorted, as Triton's prometheus-cpp does.
+* The listener is a minimal HTTP/1.1 responder on ``asyncio.start_server`` in the
+  server's own event loop, so it works the same under uvicorn, hypercorn and granian and
+  reads the statistics on the thread that writes them. It answers exactly what Triton's
+  metrics port answers: ``GET /metrics`` (or ``/metrics/``) the text, any other GET path
+  200 with an empty body, any other method 405.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from nereid.model_manager import ModelManager
+from nereid.stats import QUEUE_BUCKETS_US, ModelStats
+
+__all__ = [
+    "BATCH_SIZE_BUCKETS",
+    "CONTENT_TYPE",
+    "Metrics",
+    "MetricsListener",
+    "ModelReading",
+    "ModelStatsCollector",
+    "render",
+]
+
+_log = logging.getLogger("nereid.metrics")
+
+CONTENT_TYPE = "text/plain; charset=utf-8"
+#: Upper bounds of the batch-size histogram (rows per executed batch).
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: Triton's failure reasons; every one is reported, zeros included.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReading:
+    """What one scrape reads of a served model version: its statistics, the requests
+    waiting in its queue, and the batches running now."""
+
+    stats: ModelStats
+    pending: int = 0
+    executing: int = 0
+
+
+def read_models(manager: ModelManager) -> list[ModelReading]:
+    """A ModelReading per READY model version."""
+    return [
+        ModelReading(s.stats, s.batcher.queue_depth, s.batcher.executing) for s in manager.serving_models()
+    ]
+
+
+# -- the collector ------------------------------------------------------------------------
+
+# (name, help, value of a ModelStats) for Triton's per-model counters.
+_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_output.ns // 1000),
+)
+
+
+class ModelStatsCollector(Collector):
+    """Metric families built from ``readings()`` at every collect (scrape)."""
+
+    def __init__(self, readings: Callable[[], Sequence[ModelReading]]) -> None:
+        self._readings = readings
+
+    def collect(self) -> Iterator[Metric]:
+        readings = self._readings()
+        labelled = [({"model": r.stats.name, "version": str(r.stats.version)}, r) for r in readings]
+
+        success_name, success_help, success_of = _COUNTERS[0]
+        yield _counter(success_name, success_help, ((labels, success_of(r.stats)) for labels, r in labelled))
+        failure = Metric("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter")
+        for labels, r in labelled:
+            by_reason = r.stats.failures_by_reason
+            for reason in (*FAILURE_REASONS, *sorted(set(by_reason) - set(FAILURE_REASONS))):
+                failure.add_sample(failure.name, {**labels, "reason": reason}, by_reason.get(reason, 0))
+        yield failure
+        for name, help_text, value_of in _COUNTERS[1:]:
+            yield _counter(name, help_text, ((labels, value_of(r.stats)) for labels, r in labelled))
+
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=("model", "version"),
+        )
+        executing = GaugeMetricFamily(
+            "nereid_batches_executing",
+            "Batches a model version's instances are executing now.",
+            labels=("model", "version"),
+        )
+        batch_size = HistogramMetricFamily(
+            "nereid_batch_size",
+            "Rows per batch executed by the dynamic batcher (successful executions).",
+            labels=("model", "version"),
+        )
+        queue_time = HistogramMetricFamily(
+            "nereid_queue_duration_us",
+            "Time successful requests waited in the queue, in microseconds.",
+            labels=("model", "version"),
+        )
+        for labels, r in labelled:
+            values = [labels["model"], labels["version"]]
+            pending.add_metric(values, r.pending)
+            executing.add_metric(values, r.executing)
+            stats = r.stats
+            # batch_stats counts executions per exact size: the histogram is exact.
+            executions = {size: entry.compute_infer.count for size, entry in stats.batch_stats.items()}
+            batch_size.add_metric(
+                values,
+                _buckets(BATCH_SIZE_BUCKETS, [
+                    sum(n for size, n in executions.items() if low < size <= high)
+                    for low, high in zip((0, *BATCH_SIZE_BUCKETS), BATCH_SIZE_BUCKETS)
+                ], sum(executions.values())),
+                sum(size * n for size, n in executions.items()),
+            )
+            counts = stats.queue_buckets
+            queue_time.add_metric(values, _buckets(QUEUE_BUCKETS_US, counts, sum(counts)), stats.queue.ns / 1000)
+        yield pending
+        yield batch_size
+        yield queue_time
+        yield executing
+
+
+def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> Metric:
+    # A bare Metric, not CounterMetricFamily: that one names its samples <name>_total.
+    metric = Metric(name, help_text, "counter")
+    for labels, value in samples:
+        metric.add_sample(name, labels, value)
+    return metric
+
+
+def _buckets(bounds: Sequence[int], counts: Sequence[int], total: int) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs from per-bucket counts, ``+Inf`` = ``total``."""
+    pairs: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip(bounds, counts):
+        running += count
+        pairs.append((_number(bound), running))
+    pairs.append(("+Inf", total))
+    return pairs
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+_TYPE_NAMES = {"unknown": "untyped", "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram"}
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format (0.0.4) of everything in ``registry``, names as given."""
+    lines: list[str] = []
+    for metric in registry.collect():
+        name = metric.name
+        samples = [s for s in metric.samples if s.name != name + "_created"]
+        if metric.type == "counter" and any(s.name == name + "_total" for s in samples):
+            name += "_total"  # a prometheus_client Counter someone registered: keep its sample names
+        elif metric.type == "info":
+            name += "_info"
+        help_text = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {_TYPE_NAMES.get(metric.type, metric.type)}")
+        for sample in samples:
+            if sample.labels:
+                labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(sample.labels.items()))
+                lines.append(f"{sample.name}{{{labels}}} {_number(sample.value)}")
+            else:
+                lines.append(f"{sample.name} {_number(sample.value)}")
+    lines.append("")
+    return "\n".join(lines).encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _number(value: float) -> str:
+    """Integral values without a decimal point (as Triton writes counters), others as
+    Python's shortest repr; NaN and infinities in Prometheus' spelling."""
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+# -- the server's metrics -----------------------------------------------------------------
+
+
+class Metrics:
+    """One server's registry: Triton's per-model series and nereid's batching series
+    for the models of ``manager``. ``registry`` is exposed for extra collectors."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ModelStatsCollector(lambda: read_models(manager)))
+
+    def render(self) -> bytes:
+        return render(self.registry)
+
+
+# -- the listener -------------------------------------------------------------------------
+
+_MAX_HEADER_LINES = 100
+_MAX_BODY = 1 << 20
+_IDLE_SECONDS = 75.0
+_REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed"}
+
+
+class MetricsListener:
+    """A minimal HTTP/1.1 server for the metrics port, on the running event loop.
+
+    ``await listener.start(host, port)`` binds (port 0 picks one; ``listener.port``
+    tells which); ``await listener.aclose()`` stops listening and drops connections.
+    Keep-alive and pipelined requests are served in order; request bodies are read and
+    ignored; anything unparsable gets 400 and the connection is closed.
+    """
+
+    def __init__(self, render: Callable[[], bytes]) -> None:
+        self._render = render
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._connection, host, port, limit=64 * 1024)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def aclose(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            while await self._one_request(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Serve one request; True to keep the connection for the next one."""
+        line = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
+        while line in (b"\r\n", b"\n"):  # stray CRLF between requests (RFC 9112 §2.2)
+            line = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
+        if not line:
+            return False
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await _respond(writer, 400, b"", close=True)
+            return False
+        method, target, version = parts
+        keep_alive = version == "HTTP/1.1"
+        length = 0
+        chunked = False
+        for _ in range(_MAX_HEADER_LINES):
+            header = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = header.decode("latin-1").partition(":")
+            name = name.strip().lower()
+            value = value.strip()
+            if name == "content-length":
+                if not value.isdigit():
+                    await _respond(writer, 400, b"", close=True)
+                    return False
+                length = int(value)
+            elif name == "transfer-encoding":
+                chunked = "chunked" in value.lower()
+            elif name == "connection":
+                tokens = {t.strip().lower() for t in value.split(",")}
+                if "close" in tokens:
+                    keep_alive = False
+                elif "keep-alive" in tokens:
+                    keep_alive = True
+        else:
+            await _respond(writer, 400, b"", close=True)
+            return False
+        if chunked or length > _MAX_BODY:
+            keep_alive = False  # the body is not read: the connection cannot be reused
+        elif length:
+            await reader.readexactly(length)
+        path = target.split("?", 1)[0]
+        if "://" in path:  # absolute-form target
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
+        if method != "GET":
+            await _respond(writer, 405, b'{"error":"Method Not Allowed"}', close=not keep_alive,
+                           content_type="application/json", head_only=method == "HEAD")
+        elif path in ("/metrics", "/metrics/"):
+            await _respond(writer, 200, self._render(), close=not keep_alive)
+        else:
+            await _respond(writer, 200, b"", close=not keep_alive)
+        return keep_alive
+
+
+async def _respond(
+    writer: asyncio.StreamWriter,
+    status: int,
+    body: bytes,
+    *,
+    close: bool,
+    content_type: str = CONTENT_TYPE,
+    head_only: bool = False,
+) -> None:
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        + ("Connection: close\r\n" if close else "")
+        + "\r\n"
+    )
+    writer.write(head.encode("latin-1") + (b"" if head_only else body))
+    await writer.drain()
