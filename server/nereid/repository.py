@@ -12,9 +12,17 @@ from pathlib import Path
 
 from nereid.config import load_model_config
 from nereid.config.schema import ModelConfig, VersionPolicy
-from nereid.errors import ConfigError, NereidError
+from nereid.errors import ConfigError, InvalidInputError, NereidError
 
-__all__ = ["ModelSource", "VersionSource", "list_model_names", "read_model", "select_versions"]
+__all__ = [
+    "CONFIG_FILE",
+    "ModelSource",
+    "VersionSource",
+    "check_model_name",
+    "list_model_names",
+    "read_model",
+    "select_versions",
+]
 
 CONFIG_FILE = "config.toml"
 
@@ -63,9 +71,38 @@ def list_model_names(root: Path) -> list[str]:
     return sorted(names)
 
 
+def check_model_name(name: str) -> None:
+    """Refuse a model name that is not a plain folder name of the repository.
+
+    A model name is the name of a direct subfolder: no path separator, no NUL, not empty,
+    and not starting with ``.`` (which also rules out ``.`` and ``..``) or ``_`` (such
+    folders are ignored). Checked before any path is built from the name, so a request
+    can never reach outside the repository. Raises InvalidInputError naming the model.
+    """
+    problem = None
+    if not name:
+        problem = "it is empty"
+    elif "/" in name or "\\" in name or (os.altsep and os.altsep in name):
+        problem = "it contains a path separator"
+    elif "\x00" in name:
+        problem = "it contains a NUL character"
+    elif name.startswith("."):
+        problem = "it starts with '.'"
+    elif name.startswith("_"):
+        problem = "it starts with '_' (such folders are ignored in the repository)"
+    if problem is not None:
+        raise InvalidInputError(
+            f"invalid model name '{name}': expected the name of a folder in the model "
+            f"repository, but {problem}",
+            model=name,
+        )
+
+
 def read_model(root: Path, name: str, config: ModelConfig | None = None) -> ModelSource:
     """Read one model folder. ``config`` (from a load request's override) replaces
-    config.toml when given. Never raises for a bad model: the reason goes to ``error``."""
+    config.toml when given. Never raises for a bad model: the reason goes to ``error``.
+    Raises InvalidInputError for a name that is not a folder name (check_model_name)."""
+    check_model_name(name)
     folder = root / name
     if not folder.is_dir():
         return ModelSource(name, folder, None, f"{folder}: model folder not found")
@@ -76,7 +113,10 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
             return ModelSource(name, folder, None, exc.message)
         except NereidError as exc:  # pragma: no cover - the loader raises ConfigError only
             return ModelSource(name, folder, None, exc.message)
-    available = _version_folders(folder)
+    try:
+        available = _version_folders(folder)
+    except OSError as exc:  # the folder went away (or lost permissions) mid-read
+        return ModelSource(name, folder, None, f"{folder}: cannot read the model folder: {exc.strerror or exc}")
     if available:
         selected, missing = select_versions(sorted(available), config.version_policy)
         versions = tuple(

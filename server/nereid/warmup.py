@@ -9,6 +9,7 @@ instances' ``run_batch`` directly (no queue, no statistics). Knows nothing about
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def build_samples(
 
 async def run_warmup(samples: Sequence[WarmupSample], instances: Sequence[_Instance], model_name: str) -> None:
     """Run every sample ``count`` times on every instance (instances in parallel, samples
-    in order on each). Raises ModelLoadError naming the sample, the instance and the error
+    in order on each; each run gets its own copy of the sample's arrays). Raises ModelLoadError naming the sample, the instance and the error
     of the first failure; the model must then not turn READY."""
     if not samples:
         return
@@ -109,8 +110,12 @@ async def run_warmup(samples: Sequence[WarmupSample], instances: Sequence[_Insta
     async def warm(instance: _Instance) -> None:
         for sample in samples:
             for _ in range(sample.count):
+                # a fresh copy per run: a model may write into its input arrays
+                request = dataclasses.replace(
+                    sample.request, inputs={name: array.copy() for name, array in sample.request.inputs.items()}
+                )
                 try:
-                    outcome: _Outcome = await instance.run_batch([sample.request])
+                    outcome: _Outcome = await instance.run_batch([request])
                     error = outcome.error
                 except NereidError as exc:
                     error = exc
