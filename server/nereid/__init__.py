@@ -34,6 +34,10 @@ def __getattr__(name: str) -> object:
         from nereid import batched
 
         return getattr(batched, name)
+    if name == "Server":
+        from nereid.server import Server
+
+        return Server
     raise AttributeError(f"module 'nereid' has no attribute {name!r}")
 
 
@@ -42,6 +46,7 @@ __all__ = [
     "FINISHED",
     "batch",
     "BatchedFunction",
+    "Server",
     "ModelContext",
     "NereidError",
     "ConfigError",

@@ -111,5 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from nereid.server import Server  # imported late: `nereid --help` stays fast
 
-        return Server(options).run()
+        try:
+            server = Server(options)
+        except ValueError as exc:  # a setting the model manager refuses, e.g. poll secs 0
+            print(f"nereid: {exc}", file=sys.stderr)
+            return 2
+        return server.run()
     return 2  # pragma: no cover - argparse requires a command

@@ -193,6 +193,10 @@ class ModelManager:
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
         self._gpu_count: int | None = None
+        # Model constructors run one at a time (each on its instance's own thread): user
+        # __init__ code imports libraries, and some (transformers' lazy modules) are not
+        # safe to import from two threads at once. Loading stays off the event loop.
+        self._construct_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -601,8 +605,9 @@ class ModelManager:
                     device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
                 )
                 instance = ModelInstance(model_class, context, config)
-                await instance.start()
                 instances.append(instance)
+                async with self._construct_lock:
+                    await instance.start()
             await run_warmup(samples, instances, name)
             labels = await asyncio.to_thread(_load_labels, config, version.path, source.path)
             stats = ModelStats(name, version.version)

@@ -42,9 +42,10 @@ def test_serve_starts_reports_ready_and_stops_quickly_on_sigterm(serve) -> None:
     started = time.monotonic()
     assert server.stop() == 0
     assert time.monotonic() - started < 15  # generous: "quickly" means no hang, not a speed claim
-    log = server.log()
-    assert "| add_one | 1       | READY  |" in log
-    assert "| simple  | 1       | READY  |" in log
+    rows = [line.split("|")[1:4] for line in server.log().splitlines() if line.startswith("| ")]
+    table = {name.strip(): (version.strip(), status.strip()) for name, version, status in rows}
+    for model in ("add_one", "simple", "text_embedder", "text_generator"):
+        assert table[model] == ("1", "READY")
 
 
 def test_python_dash_m_nereid_shows_the_tritonserver_flags() -> None:

@@ -1,0 +1,319 @@
+"""The in-process surface: infer on a served model from Python, without HTTP.
+
+Owns turning Python values (a dict of arrays) into a checked InferRequest and back, for
+``nereid.Server``'s ``infer`` / ``stream`` methods. Goes through the same ModelManager
+and batchers as HTTP; knows nothing about HTTP or JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, AsyncIterator, Iterator, Mapping
+
+import numpy as np
+
+from nereid.config.schema import ModelConfig, ModelInput
+from nereid.errors import InvalidInputError, UnsupportedError
+from nereid.inference import InferRequest, ParameterValue
+from nereid.model_manager import IndexEntry, ModelManager
+from nereid.options import ServerOptions
+
+__all__ = ["LocalEndpoint", "InProcessServer"]
+
+
+class LocalEndpoint:
+    """Async in-process inference over a ModelManager (Triton's in-process API, Ray's
+    handle). Inputs are checked against the model config like HTTP requests are."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        priority: int = 0,
+        timeout_us: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """One request; returns its outputs (name -> numpy array, batch dim included)."""
+        received = time.monotonic_ns()
+        serving = self.manager.get(model, version)
+        if serving.config.decoupled:
+            raise UnsupportedError(f"model '{model}' is decoupled (it streams): use stream() instead of infer()")
+        request = build_request(serving.config, model, inputs, parameters, priority, timeout_us)
+        return await serving.infer(request, received)
+
+    async def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        priority: int = 0,
+        timeout_us: int | None = None,
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One request; yields its outputs step by step (a non-decoupled model yields once)."""
+        received = time.monotonic_ns()
+        serving = self.manager.get(model, version)
+        request = build_request(serving.config, model, inputs, parameters, priority, timeout_us)
+        if not serving.config.decoupled:
+            yield await serving.infer(request, received)
+            return
+        async for step in serving.batcher.stream(request, received):
+            yield step
+
+
+def build_request(
+    config: ModelConfig,
+    model: str,
+    inputs: Mapping[str, Any],
+    parameters: Mapping[str, ParameterValue] | None = None,
+    priority: int = 0,
+    timeout_us: int | None = None,
+) -> InferRequest:
+    """A checked InferRequest from Python values. Raises InvalidInputError naming the
+    model, the input, what was expected and what was given."""
+    arrays: dict[str, np.ndarray] = {}
+    known = {tensor.name: tensor for tensor in config.input}
+    for name in inputs:
+        if name not in known:
+            raise InvalidInputError(
+                f"unexpected inference input '{name}' for model '{model}' (inputs: {sorted(known)})",
+                model=model, input=name,
+            )
+    rows: int | None = None
+    for name, spec in known.items():
+        if name not in inputs:
+            if spec.optional:
+                continue
+            raise InvalidInputError(f"model '{model}': missing required input '{name}'", model=model, input=name)
+        array = _as_array(model, spec, inputs[name])
+        _check_shape(model, config, spec, array)
+        if config.max_batch_size > 0:
+            if rows is not None and array.shape[0] != rows:
+                raise InvalidInputError(
+                    f"model '{model}', input '{name}': expected batch size {rows} (as the other inputs), got {array.shape[0]}",
+                    model=model, input=name,
+                )
+            rows = array.shape[0]
+        arrays[name] = array
+    return InferRequest(
+        model_name=model,
+        inputs=arrays,
+        rows=rows if rows is not None else 1,
+        parameters=dict(parameters or {}),
+        priority=priority,
+        timeout_us=timeout_us,
+    )
+
+
+def _as_array(model: str, spec: ModelInput, value: Any) -> np.ndarray:
+    dtype = spec.data_type
+    if dtype.is_bytes:
+        array = np.asarray(value, dtype=object)
+        flat = array.reshape(-1)
+        for index, item in enumerate(flat):
+            if isinstance(item, str):
+                flat[index] = item.encode("utf-8")
+            elif not isinstance(item, bytes):
+                raise InvalidInputError(
+                    f"model '{model}', input '{spec.name}': expected str or bytes elements (STRING), "
+                    f"got {type(item).__name__}",
+                    model=model, input=spec.name,
+                )
+        return array
+    if isinstance(value, np.ndarray):
+        if value.dtype != dtype.numpy:
+            raise InvalidInputError(
+                f"model '{model}', input '{spec.name}': expected data type {dtype.wire_name} "
+                f"(numpy {dtype.numpy}), got numpy {value.dtype}",
+                model=model, input=spec.name,
+            )
+        return value
+    if type(value).__module__.startswith("torch"):
+        return _as_array(model, spec, value.detach().cpu().numpy())
+    try:
+        return np.asarray(value, dtype=dtype.numpy)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(
+            f"model '{model}', input '{spec.name}': expected values convertible to {dtype.wire_name}, got {exc}",
+            model=model, input=spec.name,
+        ) from exc
+
+
+def _check_shape(model: str, config: ModelConfig, spec: ModelInput, array: np.ndarray) -> None:
+    dims = list(spec.dims)
+    expected = ([-1] + dims) if config.max_batch_size > 0 else dims
+    shape = list(array.shape)
+    matches = len(shape) == len(expected) and all(e in (-1, s) for e, s in zip(expected, shape))
+    if not matches:
+        raise InvalidInputError(
+            f"model '{model}', input '{spec.name}': expected shape {expected}, got {shape}",
+            model=model, input=spec.name,
+        )
+    if config.max_batch_size > 0 and not 1 <= shape[0] <= config.max_batch_size:
+        raise InvalidInputError(
+            f"model '{model}', input '{spec.name}': expected a batch of 1..{config.max_batch_size} rows, got {shape[0]}",
+            model=model, input=spec.name,
+        )
+
+
+class InProcessServer:
+    """Load a model repository and infer on it from Python, through the same model
+    manager, batchers and instances as the HTTP server (which extends this class).
+
+    Sync use starts a private event loop on a background thread::
+
+        with nereid.Server("model_repository") as server:
+            outputs = server.infer("add_one", {"INPUT0": np.array([[41]])})
+            for step in server.stream("text_generator", {"text_input": [["Hello"]]}):
+                ...
+
+    Async use runs on the caller's loop: ``async with nereid.Server(...) as server:
+    await server.ainfer(...)``, ``async for step in server.astream(...)``. Calls from
+    many threads (or tasks) at once are batched together like HTTP requests.
+    """
+
+    def __init__(self, model_repository: str | os.PathLike[str] | ServerOptions = "model_repository", **options: Any) -> None:
+        if isinstance(model_repository, ServerOptions):
+            self.options = dataclasses.replace(model_repository, **options) if options else model_repository
+        else:
+            self.options = ServerOptions(model_repository=Path(model_repository), **options)
+        self.manager = self._make_manager()
+        self.local = LocalEndpoint(self.manager)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def _make_manager(self) -> ModelManager:
+        options = self.options
+        return ModelManager(
+            options.model_repository,
+            mode=options.model_control_mode,
+            startup_models=options.load_model,
+            poll_secs=options.repository_poll_secs,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the models (as the control mode says) on the running loop."""
+        await self.manager.start()
+
+    async def aclose(self) -> None:
+        """Drain and unload every model."""
+        await self.manager.close()
+
+    async def __aenter__(self) -> InProcessServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> InProcessServer:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="nereid-inprocess", daemon=True)
+        self._thread.start()
+        ready.wait()
+        try:
+            self._call(self.start())
+        except BaseException:
+            self._stop_thread()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            self._call(self.aclose())
+        finally:
+            self._stop_thread()
+
+    def _stop_thread(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=30)
+        self._loop = self._thread = None
+
+    def _call(self, coro: Any) -> Any:
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("the server is not started: use `with nereid.Server(...) as server:` "
+                               "(or `async with` and the a-prefixed methods)")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # -- inference -------------------------------------------------------------------------
+
+    def infer(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
+        """Blocking: one request's outputs. Keyword arguments: version, parameters,
+        priority, timeout_us."""
+        result: dict[str, np.ndarray] = self._call(self.local.infer(model, inputs, **kwargs))
+        return result
+
+    async def ainfer(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
+        """One request's outputs, on the caller's loop (``async with`` use)."""
+        return await self.local.infer(model, inputs, **kwargs)
+
+    def stream(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> Iterator[dict[str, np.ndarray]]:
+        """Blocking iterator over one request's streamed outputs (decoupled models)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the server is not started: use `with nereid.Server(...) as server:`")
+        steps: queue.Queue[Any] = queue.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for step in self.local.stream(model, inputs, **kwargs):
+                    steps.put(step)
+            except BaseException as exc:  # handed to the caller's thread
+                steps.put(exc)
+            finally:
+                steps.put(done)
+
+        future: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(pump(), loop)
+        try:
+            while True:
+                item = steps.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            future.cancel()  # the caller stopped early: stop the request
+
+    async def astream(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One request's streamed outputs, on the caller's loop."""
+        async for step in self.local.stream(model, inputs, **kwargs):
+            yield step
+
+    # -- state -----------------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        return self.manager.is_ready(self.options.strict_readiness)
+
+    def models(self) -> list[IndexEntry]:
+        """Every model the server knows, with each version's state and reason."""
+        return self.manager.states()
