@@ -149,7 +149,7 @@ class Server(InProcessServer):
             timeout_graceful_shutdown=int(options.exit_timeout_secs),
             **kwargs,
         )
-        server = _QuietUvicorn(config)
+        server = _quiet_uvicorn(config)
         assert self._shutdown is not None
         watcher = asyncio.create_task(self._shutdown.wait())
         serving = asyncio.create_task(server.serve())
@@ -223,18 +223,16 @@ class Server(InProcessServer):
         return 0
 
 
-class _QuietUvicorn:
-    """uvicorn.Server without its own signal handling (nereid owns the signals)."""
+def _quiet_uvicorn(config: Any) -> Any:
+    """A uvicorn.Server without its own signal handling (nereid owns the signals)."""
+    import uvicorn
 
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
 
-        class _Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        return _Server(config)
+    return _Server(config)
 
 
 class _CoalescingTransport:

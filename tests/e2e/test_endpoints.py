@@ -302,7 +302,7 @@ def test_config_of_a_model_without_a_batcher_has_every_default_and_no_scheduler(
 def test_config_of_a_model_with_dynamic_batching_has_every_batcher_default(http: httpx.Client) -> None:
     expected = full_config(
         "add_one", 4, [config_input("INPUT0", [1], "TYPE_INT64")], [config_output("OUTPUT0", [1], "TYPE_INT64")],
-        dynamic_batching={"preferred_batch_size": [], "max_queue_delay_microseconds": 1000, "preserve_ordering": False,
+        dynamic_batching={"preferred_batch_size": [], "max_queue_delay_microseconds": 20000, "preserve_ordering": False,
                           "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}},
     )
     assert http.get("/v2/models/add_one/config").json() == expected

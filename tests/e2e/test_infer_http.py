@@ -626,7 +626,7 @@ def test_model_config_has_the_fields_perf_analyzer_reads_typed_right(client: htt
 def test_model_config_has_dynamic_batching_only_when_configured(client: httpclient.InferenceServerClient) -> None:
     config = client.get_model_config("add_one")
     assert config["dynamic_batching"] == {
-        "preferred_batch_size": [], "max_queue_delay_microseconds": 1000, "preserve_ordering": False,
+        "preferred_batch_size": [], "max_queue_delay_microseconds": 20000, "preserve_ordering": False,
         "priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {},
     }
     assert "sequence_batching" not in config
