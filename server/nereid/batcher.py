@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
@@ -59,6 +60,70 @@ class Instance(Protocol):
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
 
     async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
+
+
+class _PreciseTimer:
+    """Wakes an asyncio future at a monotonic time with sub-millisecond precision.
+
+    uvloop (libuv) and asyncio's selector both round timers to whole milliseconds, so a
+    100 µs queue delay would cost a full millisecond. Short waits are handed to this
+    daemon thread instead: it sleeps on a condition with a nanosecond timeout and wakes
+    the loop through ``call_soon_threadsafe``. One per batcher, started on first use.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._condition = threading.Condition()
+        self._deadline_ns: int | None = None
+        self._target: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def wake_at(self, deadline_ns: int, future: asyncio.Future[None]) -> None:
+        loop = asyncio.get_running_loop()
+        with self._condition:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"nereid-timer-{self._name}", daemon=True)
+                self._thread.start()
+            self._deadline_ns = deadline_ns
+            self._target = (loop, future)
+            self._condition.notify()
+
+    def cancel(self) -> None:
+        with self._condition:
+            self._deadline_ns = None
+            self._target = None
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify()
+
+    def _run(self) -> None:
+        condition = self._condition
+        with condition:
+            while not self._stopped:
+                deadline = self._deadline_ns
+                if deadline is None:
+                    condition.wait()
+                    continue
+                remaining = deadline - time.monotonic_ns()
+                if remaining > 0:
+                    condition.wait(remaining / 1e9)
+                    continue
+                target = self._target
+                self._deadline_ns = None
+                self._target = None
+                if target is not None:
+                    loop, future = target
+                    try:
+                        loop.call_soon_threadsafe(_wake, future)
+                    except RuntimeError:  # the loop is closed
+                        pass
+
+
+#: Waits shorter than this go to the precise timer (event-loop timers have 1 ms steps).
+_PRECISE_BELOW_NS = 2_000_000
 
 
 class _Stream:
@@ -143,6 +208,7 @@ class DynamicBatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
         self._executing = 0
+        self._timer = _PreciseTimer(model_name)
 
     @classmethod
     def for_model(
@@ -221,6 +287,7 @@ class DynamicBatcher:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        self._timer.stop()
         while len(self._queue):
             decision = self._queue.decide(self._clock(), flush=True)
             for item in decision.batch + decision.expired:
@@ -346,14 +413,22 @@ class DynamicBatcher:
                     return None
                 arrival = self._arrival = loop.create_future()
                 timer = None
-                if decision.wake_at_ns is not None:
-                    # loop.time() is time.monotonic(), the same clock as monotonic_ns.
-                    timer = loop.call_at(decision.wake_at_ns / 1e9, _wake, arrival)
+                precise = False
+                wake_at = decision.wake_at_ns
+                if wake_at is not None:
+                    if wake_at - self._clock() < _PRECISE_BELOW_NS:
+                        self._timer.wake_at(wake_at, arrival)
+                        precise = True
+                    else:
+                        # loop.time() is time.monotonic(), the same clock as monotonic_ns.
+                        timer = loop.call_at(wake_at / 1e9, _wake, arrival)
                 try:
                     await arrival
                 finally:
                     if timer is not None:
                         timer.cancel()
+                    if precise:
+                        self._timer.cancel()
 
     async def _execute(self, instance: Instance, batch: tuple[QueuedRequest, ...]) -> None:
         if self.streaming:
