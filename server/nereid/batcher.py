@@ -9,6 +9,7 @@ instances behind a small protocol. Knows nothing about HTTP or JSON.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -209,6 +210,11 @@ class DynamicBatcher:
         self._closed = False
         self._executing = 0
         self._timer = _PreciseTimer(model_name)
+        # preserve_ordering: requests in arrival order, and the outcomes of those that
+        # finished before an earlier one (held back until it finishes).
+        preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
+        self._order: collections.deque[QueuedRequest] | None = collections.deque() if preserve else None
+        self._held: dict[int, tuple[bool, Any]] = {}
 
     @classmethod
     def for_model(
@@ -323,6 +329,8 @@ class DynamicBatcher:
         except NereidError:
             self.stats.record_failure(self._clock() - received_ns, "REJECTED")
             raise
+        if self._order is not None:
+            self._order.append(item)
         arrival = self._arrival
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
@@ -458,7 +466,7 @@ class DynamicBatcher:
             _, future, received_ns = item.payload
             if future.done():
                 continue
-            future.set_result(outputs)
+            self._resolve(item, True, outputs)
             self.stats.record_success(
                 end - received_ns,
                 started - item.enqueued_ns,
@@ -516,8 +524,35 @@ class DynamicBatcher:
         _, future, received_ns = item.payload
         if future.done():
             return
-        future.set_exception(error)
+        self._resolve(item, False, error)
         self.stats.record_failure(self._clock() - received_ns, reason)
+
+    def _resolve(self, item: QueuedRequest, ok: bool, value: Any) -> None:
+        """Answer a request, or with preserve_ordering hold the answer until every request
+        that arrived before it has its own (Triton's response ordering)."""
+        order = self._order
+        if order is None or isinstance(item.payload[1], _Stream):
+            _answer(item.payload[1], ok, value)
+            return
+        self._held[item.seq] = (ok, value)
+        while order:
+            head = order[0]
+            future = head.payload[1]
+            held = self._held.pop(head.seq, None)
+            if held is not None:
+                _answer(future, *held)
+            elif not future.done():
+                return  # an earlier request is still running or queued
+            order.popleft()
+
+
+def _answer(future: Any, ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 def _wake(future: asyncio.Future[None]) -> None:

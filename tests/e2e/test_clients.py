@@ -3,6 +3,7 @@ over model_repository/, and print what their tutorials print."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -77,3 +78,18 @@ def test_embed_prints_shapes_elapsed_and_similarity(example_server: RunningServe
     assert similar is not None and different is not None, out
     assert float(similar.group(1)) > 0.5 > float(different.group(1))
     assert re.search(r"concurrent batch: 100 sentences -> embeddings of shape \(100, 384\) in [\d.]+ s", out), out
+
+
+def test_inprocess_client_infers_without_http_and_batches_nine_callers() -> None:
+    completed = subprocess.run(
+        [sys.executable, str(CLIENTS / "inprocess.py")], capture_output=True, text=True, timeout=110, cwd=ROOT
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[0] == "add_one(41) = 42"
+    assert lines[1] == "numbers 0..8 -> [1, 2, 3, 4, 5, 6, 7, 8, 9]"
+    sizes = re.fullmatch(r"batches formed \(batch size: count\): (\{.*\})", lines[2])
+    assert sizes is not None
+    formed = ast.literal_eval(sizes.group(1))
+    assert sum(size * count for size, count in formed.items()) == 10
+    assert max(formed) > 1  # nine concurrent callers shared batches

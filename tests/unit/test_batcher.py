@@ -270,3 +270,20 @@ def test_the_generator_stops_once_every_caller_is_gone() -> None:
         assert instance.steps_run < 1000
 
     run(scenario())
+
+
+def test_preserve_ordering_holds_a_later_response_until_earlier_ones_are_answered() -> None:
+    async def scenario(preserve: bool) -> tuple[bool, list[int]]:
+        gate = asyncio.Event()
+        slow, fast = FakeInstance("slow", gate=gate), FakeInstance("fast")
+        async with make([slow, fast], max_batch_size=1, preserve_ordering=preserve) as batcher:
+            first = asyncio.ensure_future(batcher.infer(1))
+            await asyncio.sleep(0.01)  # taken by the first idle instance, which waits at the gate
+            second = asyncio.ensure_future(batcher.infer(2))
+            await asyncio.sleep(0.05)  # executed by the other instance
+            second_early = second.done()
+            gate.set()
+            return second_early, list(await asyncio.gather(first, second))
+
+    assert run(scenario(False)) == (True, [2, 4])
+    assert run(scenario(True)) == (False, [2, 4])
