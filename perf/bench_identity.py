@@ -450,8 +450,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
     p.add_argument("--retries", type=int, default=2,
                    help="reruns of a level that did not stabilise, each with twice the -s")
-    p.add_argument("--queue-delay-us", type=int, default=100,
-                   help="nereid's max_queue_delay_microseconds (Triton's identity uses 100)")
+    p.add_argument("--queue-delay-us", type=int, default=0,
+                   help="nereid's max_queue_delay_microseconds (default 0: opportunistic batching, "
+                        "nereid's best setting here; Triton's identity config uses 100)")
     p.add_argument("--http-server", default=None,
                    help="nereid serve --http-server ENGINE (granian, uvicorn, hypercorn)")
     p.add_argument("--nereid-cmd", default=None,
