@@ -238,7 +238,7 @@ class Triton(Server):
             f"--http-port={self.port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            f"--model-control-mode=explicit", f"--load-model={MODEL}",
+            "--model-control-mode=explicit", f"--load-model={MODEL}",
         ]
 
 

@@ -20,7 +20,7 @@ from nereid.http.app import NereidApp
 from nereid.local import InProcessServer
 from nereid.log import configure_logging
 from nereid.metrics import Metrics, MetricsListener
-from nereid.model_manager import IndexEntry, ModelManager
+from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 

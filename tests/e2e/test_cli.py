@@ -39,9 +39,7 @@ def test_serve_starts_reports_ready_and_stops_quickly_on_sigterm(serve) -> None:
     assert get(server, "/v2/health/ready") == 200
     assert get(server, "/v2/models/add_one/ready") == 200
     assert get(server, "/v2/models/simple/ready") == 200
-    started = time.monotonic()
-    assert server.stop() == 0
-    assert time.monotonic() - started < 15  # generous: "quickly" means no hang, not a speed claim
+    assert server.stop() == 0  # stop() fails the test if SIGTERM does not end the server
     rows = [line.split("|")[1:4] for line in server.log().splitlines() if line.startswith("| ")]
     table = {name.strip(): (version.strip(), status.strip()) for name, version, status in rows}
     for model in ("add_one", "simple", "text_embedder", "text_generator"):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -115,9 +114,8 @@ def test_set_max_queue_delay_changes_it_at_run_time() -> None:
         return xs
 
     ident.set_max_queue_delay(0)
-    started = time.monotonic()
+    # With the old delay this call would wait 1000 s and the per-test timeout would fail it.
     assert ident(1) == 1
-    assert time.monotonic() - started < 60  # would hang for 1000 s with the old delay
     ident.close()
 
 
