@@ -307,40 +307,12 @@ class DynamicBatcher:
         (cost beyond max_batch_size) or UnavailableError (stopping). If the caller is
         cancelled while the payload waits, it leaves the queue unexecuted.
         """
-        if self._closed:
-            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
-        now = self._clock()
-        if received_ns is None:
-            received_ns = now
-        queue = self._queue
-        level = queue.level_for(getattr(payload, "priority", 0))
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        item = QueuedRequest(
-            payload=(payload, future, received_ns),
-            cost=self._cost_of(payload),
-            signature=self._signature_of(payload),
-            level=level,
-            enqueued_ns=now,
-            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
-        )
-        try:
-            queue.push(item)
-        except NereidError:
-            self.stats.record_failure(self._clock() - received_ns, "REJECTED")
-            raise
-        if self._order is not None:
-            self._order.append(item)
-        arrival = self._arrival
-        if arrival is not None and not arrival.done():
-            arrival.set_result(None)
-        if item.deadline_ns:
-            # Timeouts fire even while every instance is busy and nobody forms a batch.
-            loop.call_at(item.deadline_ns / 1e9, self._expire_timeouts)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        item, received_ns = self._enqueue(payload, future, received_ns)
         try:
             return await future
         except asyncio.CancelledError:
-            if queue.discard(item):
+            if self._queue.discard(item):
                 self.stats.record_failure(self._clock() - received_ns, "CANCELED")
             raise
 
@@ -348,30 +320,8 @@ class DynamicBatcher:
         """Queue one request of a decoupled model and yield its outputs step by step, until
         the model marks it finished or its batch's generator ends. Leaving the iteration
         early (the client went away) takes it out of the queue, or out of its batch."""
-        if self._closed:
-            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
-        now = self._clock()
-        if received_ns is None:
-            received_ns = now
-        queue = self._queue
-        level = queue.level_for(getattr(payload, "priority", 0))
         channel = _Stream()
-        item = QueuedRequest(
-            payload=(payload, channel, received_ns),
-            cost=self._cost_of(payload),
-            signature=self._signature_of(payload),
-            level=level,
-            enqueued_ns=now,
-            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
-        )
-        try:
-            queue.push(item)
-        except NereidError:
-            self.stats.record_failure(self._clock() - received_ns, "REJECTED")
-            raise
-        _wake_optional(self._arrival)
-        if item.deadline_ns:
-            asyncio.get_running_loop().call_at(item.deadline_ns / 1e9, self._expire_timeouts)
+        item, received_ns = self._enqueue(payload, channel, received_ns)
         finished = False
         try:
             while True:
@@ -386,8 +336,39 @@ class DynamicBatcher:
         finally:
             if not finished:
                 channel.abandon()
-                if queue.discard(item):
+                if self._queue.discard(item):
                     self.stats.record_failure(self._clock() - received_ns, "CANCELED")
+
+    def _enqueue(self, payload: Any, answer: Any, received_ns: int | None) -> tuple[QueuedRequest, int]:
+        """Queue a payload with what will answer it (a future, or a stream's channel).
+        Raises UnavailableError once closed, QueueFullError (counted as REJECTED)."""
+        if self._closed:
+            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
+        now = self._clock()
+        if received_ns is None:
+            received_ns = now
+        queue = self._queue
+        level = queue.level_for(getattr(payload, "priority", 0))
+        item = QueuedRequest(
+            payload=(payload, answer, received_ns),
+            cost=self._cost_of(payload),
+            signature=self._signature_of(payload),
+            level=level,
+            enqueued_ns=now,
+            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
+        )
+        try:
+            queue.push(item)
+        except NereidError:
+            self.stats.record_failure(self._clock() - received_ns, "REJECTED")
+            raise
+        if self._order is not None and not isinstance(answer, _Stream):
+            self._order.append(item)
+        _wake_optional(self._arrival)
+        if item.deadline_ns:
+            # Timeouts fire even while every instance is busy and nobody forms a batch.
+            asyncio.get_running_loop().call_at(item.deadline_ns / 1e9, self._expire_timeouts)
+        return item, received_ns
 
     # -- workers -----------------------------------------------------------------------
 

@@ -154,44 +154,45 @@ class ModelInstance:
 
     def _run_sync(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         t0 = time.monotonic_ns()
-        try:
-            inputs = assemble(requests, self.config)
-        except NereidError as exc:
-            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        inputs = self._assemble(requests, t0)
+        if isinstance(inputs, BatchOutcome):
+            return inputs
         t1 = time.monotonic_ns()
         assert self._infer is not None
         try:
             raw = self._infer(inputs)
         except Exception as exc:
-            t2 = time.monotonic_ns()
-            return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, 0)
-        t2 = time.monotonic_ns()
+            return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
+        return self._split(raw, requests, t0, t1, time.monotonic_ns())
+
+    async def _run_async(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        inputs = self._assemble(requests, t0)
+        if isinstance(inputs, BatchOutcome):
+            return inputs
+        t1 = time.monotonic_ns()
+        assert self._infer is not None
+        try:
+            raw = await self._infer(inputs)
+        except Exception as exc:
+            return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
+        return self._split(raw, requests, t0, t1, time.monotonic_ns())
+
+    def _assemble(self, requests: Sequence[InferRequest], t0: int) -> dict[str, np.ndarray] | BatchOutcome:
+        """The batch's inputs, or the outcome that fails the batch (compute_input timed)."""
+        try:
+            return assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+
+    def _split(self, raw: Any, requests: Sequence[InferRequest], t0: int, t1: int, t2: int) -> BatchOutcome:
+        """Each request's outputs from the model's return value, with the three durations."""
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-
-    async def _run_async(self, requests: Sequence[InferRequest]) -> BatchOutcome:
-        t0 = time.monotonic_ns()
-        try:
-            inputs = assemble(requests, self.config)
-        except NereidError as exc:
-            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
-        t1 = time.monotonic_ns()
-        assert self._infer is not None
-        try:
-            raw = await self._infer(inputs)
-        except Exception as exc:
-            t2 = time.monotonic_ns()
-            return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, 0)
-        t2 = time.monotonic_ns()
-        try:
-            outputs = split(raw, requests, self.config, self.context.model_name)
-        except NereidError as exc:
-            return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
     async def run_stream(

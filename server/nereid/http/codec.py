@@ -242,6 +242,22 @@ def _spec_for(config: ModelConfig | ModelCodec) -> ModelCodec:
     return ModelCodec.for_config(config)
 
 
+def _check_representable(shape: tuple[int, ...], dt: DataType, name: str, model_name: str) -> None:
+    """Refuse a shape no array can have: the non-zero dims times the element size must fit
+    in int64 even when another dim is 0 (numpy checks that, and so would any buffer)."""
+    size = max(dt.itemsize, 1)
+    for dim in shape:
+        if dim > 1:
+            if size > (_I64_LIMIT - 1) // dim:
+                raise InvalidInputError(
+                    f"invalid shape for input '{name}': shape {list(shape)} causes total element count to exceed "
+                    f"maximum size of {_I64_LIMIT - 1} (model '{model_name}')",
+                    model=model_name,
+                    input=name,
+                )
+            size *= dim
+
+
 # -- request parsing ---------------------------------------------------------------------
 
 
@@ -618,6 +634,9 @@ def _parse_input(
             f"{prefix}input '{name}' already exists in request", model=model_name, input=name
         )
     dt = by_wire_name(wire)
+    if dt is not None and not wide and 0 in shape:
+        # An empty tensor skips every size check below, yet numpy must still represent it.
+        _check_representable(shape, dt, name, model_name)
     if dt is None:
         raise InvalidInputError(
             f"invalid datatype for input {name}: '{wire}' is not one of "
