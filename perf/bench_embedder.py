@@ -95,6 +95,13 @@ def start_nereid(repo: Path, port: int, engine: str, log: Path) -> subprocess.Po
     raise SystemExit(f"nereid did not become ready:\n{log.read_text()}")
 
 
+def compute_infer(port: int) -> tuple[int, int]:
+    """(requests, cumulative compute_infer ns) from nereid's statistics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/text_embedder/stats", timeout=10) as response:
+        stats = json.load(response)["model_stats"][0]["inference_stats"]
+    return int(stats["success"]["count"]), int(stats["compute_infer"]["ns"])
+
+
 def perf_analyzer(port: int, concurrency: int, data: Path, csv_path: Path, seconds: float) -> dict[str, float]:
     command = [
         str(PERF_ANALYZER), "-m", "text_embedder", "-u", f"127.0.0.1:{port}", "-i", "http", "-b", "1",
@@ -131,7 +138,12 @@ def main() -> None:
     port = free_port()
     server = start_nereid(repo, port, args.http_server, work / "nereid.log")
     try:
+        before = compute_infer(port)
         c1 = perf_analyzer(port, 1, data, work / "c1.csv", args.seconds)
+        after = compute_infer(port)
+        # At concurrency 1 every batch holds one request: this is the model's own B=1 time
+        # measured under the benchmark's conditions (perf_analyzer shares the cores).
+        in_server_b1_ms = (after[1] - before[1]) / max(after[0] - before[0], 1) / 1e6
         c64 = perf_analyzer(port, 64, data, work / "c64.csv", args.seconds)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -142,7 +154,9 @@ def main() -> None:
     print(f"nereid c=1                   {c1['throughput']:9.0f} infer/s   p50 {c1['p50_ms']:.2f} ms   p99 {c1['p99_ms']:.2f} ms")
     print(f"nereid c=64                  {c64['throughput']:9.0f} infer/s   p50 {c64['p50_ms']:.2f} ms   p99 {c64['p99_ms']:.2f} ms")
     print(f"c=64 / offline limit         {c64['throughput'] / limit:9.1%}   (target >= 90%)")
-    print(f"c=1 p50 - model B=1 time     {c1['p50_ms'] - b1_ms:9.2f} ms  (target <= 1 ms)")
+    print(f"c=1 p50 - model B=1 time     {c1['p50_ms'] - b1_ms:9.2f} ms  (target <= 1 ms; B=1 timed offline, idle machine)")
+    print(f"model B=1 time in the run    {in_server_b1_ms:9.2f} ms  (mean compute_infer per request at c=1)")
+    print(f"c=1 p50 - that               {c1['p50_ms'] - in_server_b1_ms:9.2f} ms  (what nereid and the client add)")
     shutil.rmtree(work, ignore_errors=True)
 
 
