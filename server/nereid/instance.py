@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class ModelInstance:
         t1 = time.monotonic_ns()
         assert self._infer is not None
         try:
-            raw = self._infer(inputs)
+            raw = self._infer(inputs, *self._parameters(requests))
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
         return self._split(raw, requests, t0, t1, time.monotonic_ns())
@@ -173,10 +173,17 @@ class ModelInstance:
         t1 = time.monotonic_ns()
         assert self._infer is not None
         try:
-            raw = await self._infer(inputs)
+            raw = await self._infer(inputs, *self._parameters(requests))
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
         return self._split(raw, requests, t0, t1, time.monotonic_ns())
+
+    def _parameters(self, requests: Sequence[InferRequest]) -> tuple[list[Mapping[str, Any]], ...]:
+        """``(per_row,)`` for a model whose infer takes parameters, else ``()``: one dict of
+        request parameters per row of the batch (a request with several rows repeats it)."""
+        if not self.model_class.infer_takes_parameters:
+            return ()
+        return ([request.parameters for request in requests for _ in range(request.rows)],)
 
     def _assemble(self, requests: Sequence[InferRequest], t0: int) -> dict[str, np.ndarray] | BatchOutcome:
         """The batch's inputs, or the outcome that fails the batch (compute_input timed)."""
@@ -220,7 +227,7 @@ class ModelInstance:
         try:
             inputs = assemble(requests, self.config)
             assert self._infer is not None
-            steps = self._infer(inputs)
+            steps = self._infer(inputs, *self._parameters(requests))
             if not hasattr(steps, "__next__"):
                 raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
             try:
@@ -243,7 +250,7 @@ class ModelInstance:
         try:
             inputs = assemble(requests, self.config)
             assert self._infer is not None
-            steps = self._infer(inputs)
+            steps = self._infer(inputs, *self._parameters(requests))
             if not hasattr(steps, "__anext__"):
                 raise TypeError(f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}")
             try:

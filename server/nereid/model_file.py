@@ -38,6 +38,8 @@ class ModelClass:
     path: Path
     infer_is_async: bool
     infer_is_generator: bool
+    #: ``infer(self, inputs, parameters)``: the model also wants the request parameters.
+    infer_takes_parameters: bool
     has_batch_size: bool
     has_close: bool
 
@@ -123,6 +125,7 @@ def load_model_class(model_file: Path, model_name: str) -> ModelClass:
         path=model_file,
         infer_is_async=inspect.iscoroutinefunction(infer) or inspect.isasyncgenfunction(infer),
         infer_is_generator=inspect.isgeneratorfunction(infer) or inspect.isasyncgenfunction(infer),
+        infer_takes_parameters=_takes_second_argument(infer),
         has_batch_size=callable(getattr(cls, "batch_size", None)),
         has_close=callable(getattr(cls, "close", None)),
     )
@@ -133,6 +136,16 @@ def unload_model_module(model_class: ModelClass) -> None:
     package = model_class.module.__name__.rpartition(".")[0]
     for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
         sys.modules.pop(name, None)
+
+
+def _takes_second_argument(infer: object) -> bool:
+    """Whether ``Model.infer`` accepts a parameter after ``self`` and ``inputs``."""
+    try:
+        parameters = list(inspect.signature(infer).parameters.values())  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _ensure_package(name: str, folder: Path | None) -> None:

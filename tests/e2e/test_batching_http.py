@@ -154,3 +154,37 @@ def test_kind_gpu_without_a_gpu_is_unavailable_with_the_reason(serve, repo: Repo
     assert index["cpu_model"]["state"] == "READY"
     assert index["gpu_model"]["state"] == "UNAVAILABLE"
     assert "KIND_GPU requested but no GPU is visible" in index["gpu_model"]["reason"]
+
+
+SCALED = """
+import numpy as np
+
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs, parameters):
+        # one dict of request parameters per row of the batch
+        scale = np.array([[float(p.get("scale", 1))] for p in parameters], np.float32)
+        return {"OUTPUT0": inputs["INPUT0"] * scale}
+"""
+
+
+def test_request_parameters_reach_a_model_whose_infer_takes_them_one_dict_per_row(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    repo.add("scaled", BATCHED.format(max_batch=8, dims="2", delay=2_000_000), SCALED)
+    server = serve(repo.root)
+
+    def call(scale: int) -> Any:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            tensor = httpclient.InferInput("INPUT0", [2, 2], "FP32")
+            tensor.set_data_from_numpy(np.ones((2, 2), np.float32))
+            return client.infer("scaled", [tensor], parameters={"scale": scale}).as_numpy("OUTPUT0")
+        finally:
+            client.close()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(call, [1, 2, 3, 4]))
+    for scale, result in zip([1, 2, 3, 4], results):
+        np.testing.assert_array_equal(result, np.full((2, 2), scale, np.float32))
+    assert batch_sizes(server.url, "scaled") == {8: 1}  # four requests, two rows each, one batch

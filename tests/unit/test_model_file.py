@@ -81,3 +81,18 @@ def test_broken_model_file_gives_a_reason_naming_the_file(tmp_path: Path, source
 def test_missing_model_file(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="model file not found"):
         load_model_class(tmp_path / "nope" / "model.py", "nope")
+
+
+@pytest.mark.parametrize(
+    ("signature", "takes"),
+    [
+        pytest.param("def infer(self, inputs):", False, id="inputs-only"),
+        pytest.param("def infer(self, inputs, parameters):", True, id="with-parameters"),
+        pytest.param("async def infer(self, inputs, parameters):", True, id="async-with-parameters"),
+        pytest.param("def infer(self, inputs, *rest):", True, id="var-positional"),
+        pytest.param("def infer(self, inputs, *, flag=False):", False, id="keyword-only"),
+    ],
+)
+def test_a_second_infer_argument_asks_for_request_parameters(tmp_path: Path, signature: str, takes: bool) -> None:
+    path = model_dir(tmp_path, "m", f"class Model:\n    {signature}\n        return {{}}\n")
+    assert load_model_class(path, "m").infer_takes_parameters is takes
