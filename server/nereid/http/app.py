@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
+from nereid.http._asgi import send_json
 from nereid.http.endpoints import Endpoints, Receive, Scope, Send
 from nereid.http.errors import error_json
 from nereid.http.generate import GenerateHandler
@@ -52,9 +53,9 @@ class NereidApp:
                 # Triton answers only GET/POST (Starlette would serve HEAD for GET routes):
                 # 405 on a known route, and like any other method 404 on an unknown path.
                 if any(route.matches(scope)[0] is not Match.NONE for route in self.starlette.router.routes):
-                    await _send_plain_error(send, 405, "Method Not Allowed")
+                    await send_json(send, 405, error_json("Method Not Allowed"))
                 else:
-                    await _send_plain_error(send, 404, "Not Found")
+                    await send_json(send, 404, error_json("Not Found"))
                 return
         await self.starlette(scope, receive, send)
 
@@ -161,17 +162,5 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, exc.detail)
     return Response(error_json(message), status_code=exc.status_code, media_type="application/json")
-
-
-async def _send_plain_error(send: Send, status: int, message: str) -> None:
-    body = error_json(message)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 

@@ -28,6 +28,7 @@ from nereid.errors import (
     UnsupportedError,
 )
 from nereid.http import codec
+from nereid.http._asgi import ClientGone, read_body, send_error
 from nereid.http.errors import error_json, status_for
 from nereid.inference import InferResult
 from nereid.model_manager import ModelManager, ServingModel
@@ -296,15 +297,7 @@ class Endpoints:
                 content_length = value
         shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
-            limit = self.options.max_request_size
-            if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-                # Refuse on the declared size, before reading: waiting for a body that is
-                # too large (or that never comes) would hold the request open for nothing.
-                raise InvalidInputError(
-                    f"request body of {int(content_length)} bytes exceeds the maximum allowed size "
-                    f"({limit} bytes, --max-request-size)"
-                )
-            body = await _read_body(receive, limit)
+            body = await read_body(receive, content_length, self.options.max_request_size)
             serving = self.manager.get(name, parse_version(version_text))
             if serving.config.decoupled:
                 raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
@@ -327,9 +320,9 @@ class Endpoints:
                 write_shm=shm.write,
             )
         except NereidError as exc:
-            await _send_error(send, exc)
+            await send_error(send, exc)
             return
-        except _ClientGone:
+        except ClientGone:
             return
         finally:
             shm.release()
@@ -370,56 +363,12 @@ async def _infer_watching_disconnect(
     except asyncio.CancelledError:
         if watcher is not None and watcher.done() and task.cancelling():
             task.uncancel()
-            raise _ClientGone() from None
+            raise ClientGone() from None
         raise
     finally:
         timer.cancel()
         if watcher is not None and not watcher.done():
             watcher.cancel()
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    message = await receive()
-    if message["type"] != "http.request":
-        raise _ClientGone()
-    body: bytes = message.get("body", b"")
-    size = len(body)
-    if size > limit:
-        raise _too_large(limit)
-    if not message.get("more_body", False):
-        return body
-    chunks = [body]
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _too_large(limit: int) -> InvalidInputError:
-    return InvalidInputError(
-        f"request body of more than {limit} bytes exceeds the maximum allowed size "
-        f"({limit} bytes, --max-request-size)"
-    )
-
-
-async def _send_error(send: Send, error: NereidError) -> None:
-    body = error_json(error.message)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if isinstance(error, UnsupportedError) and error.message == "Unsupported compression type":
-        headers.append((b"accept-encoding", b"gzip, deflate"))
-    await send({"type": "http.response.start", "status": status_for(error), "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _parse_parameters(body: bytes) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from nereid.errors import (
     MalformedRequestError,
     NereidError,
 )
+from nereid.http._asgi import ClientGone, read_body, send_error, send_json
 from nereid.http.endpoints import Receive, Scope, Send, parse_version
-from nereid.http.errors import error_json, status_for
+from nereid.http.errors import error_json
 from nereid.inference import InferRequest, ParameterValue
 from nereid.model_manager import ModelManager, ServingModel
 from nereid.options import ServerOptions
@@ -36,7 +37,7 @@ __all__ = ["GenerateHandler", "parse_generate_request", "generate_response", "co
 
 _log = logging.getLogger("nereid")
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
+
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _U64_LIMIT = 1 << 64
 
@@ -69,14 +70,14 @@ class GenerateHandler:
         try:
             serving, request = await self._request(scope, receive, name, params.get("version"))
         except NereidError as exc:
-            await _send_json(send, status_for(exc), error_json(exc.message))
+            await send_error(send, exc)
             return
-        except _ClientGone:
+        except ClientGone:
             return
         except Exception as exc:  # a bug: still Triton's JSON error, never a bare 500 page
             _log.exception("generate request for model '%s' failed unexpectedly", name)
             error = InternalError(f"generate request for model '{name}' failed: unexpected {type(exc).__name__}: {exc}")
-            await _send_json(send, status_for(error), error_json(error.message))
+            await send_error(send, error)
             return
         steps: AsyncIterator[Any]
         if serving.config.decoupled:
@@ -99,13 +100,7 @@ class GenerateHandler:
                 content_encoding = value.decode("latin-1")
             elif key == b"content-length":
                 content_length = value
-        limit = self.options.max_request_size
-        if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-            raise InvalidInputError(
-                f"request body of {int(content_length)} bytes exceeds the maximum allowed size "
-                f"({limit} bytes, --max-request-size)"
-            )
-        body = await _read_body(receive, limit)
+        body = await read_body(receive, content_length, self.options.max_request_size)
         serving = self.manager.get(name, parse_version(version))
         if content_encoding and content_encoding != "identity":
             # protocol.md §3.8: the generate endpoints never decompress.
@@ -388,10 +383,6 @@ async def _single_step(serving: ServingModel, request: InferRequest, received_ns
     yield await serving.infer(request, received_ns)
 
 
-class _ClientGone(Exception):
-    """The client disconnected."""
-
-
 async def _until_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -401,7 +392,7 @@ async def _until_disconnect(receive: Receive) -> None:
 
 class _Steps:
     """Iterates the steps of one request while watching its client: ``next()`` returns the
-    next step, raises StopAsyncIteration at the end, or _ClientGone when the client
+    next step, raises StopAsyncIteration at the end, or ClientGone when the client
     disconnected first (the pending step is then cancelled, which takes the request out of
     its queue or batch). ``close()`` always runs."""
 
@@ -415,7 +406,7 @@ class _Steps:
         await asyncio.wait((pending, self._gone), return_when=asyncio.FIRST_COMPLETED)
         if not pending.done():
             await self._cancel_pending()
-            raise _ClientGone()
+            raise ClientGone()
         self._pending = None
         return pending.result()
 
@@ -449,18 +440,18 @@ async def _answer_collected(
                 break
             collect_steps(collected, step)
         body = orjson.dumps(generate_response(request.model_name, serving.version, request.id, collected))
-    except _ClientGone:
+    except ClientGone:
         return
     except NereidError as exc:
-        await _send_json(send, status_for(exc), error_json(exc.message))
+        await send_error(send, exc)
         return
     except Exception as exc:
         error = _unexpected(request, exc)
-        await _send_json(send, status_for(error), error_json(error.message))
+        await send_error(send, error)
         return
     finally:
         await iterator.close()
-    await _send_json(send, 200, body)
+    await send_json(send, 200, body)
 
 
 async def _answer_events(
@@ -477,7 +468,7 @@ async def _answer_events(
                 break
             except NereidError as exc:
                 error: NereidError = exc
-            except _ClientGone:
+            except ClientGone:
                 return
             except Exception as exc:
                 error = _unexpected(request, exc)
@@ -488,7 +479,7 @@ async def _answer_events(
                 await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n", "more_body": True})
                 continue
             if not started:
-                await _send_json(send, status_for(error), error_json(error.message))
+                await send_error(send, error)
                 return
             await send(
                 {"type": "http.response.body", "body": b"data: " + error_json(error.message) + b"\n\n", "more_body": True}
@@ -510,26 +501,3 @@ def _unexpected(request: InferRequest, exc: Exception) -> NereidError:
     )
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _ClientGone()
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise InvalidInputError(
-                f"request body of more than {limit} bytes exceeds the maximum allowed size "
-                f"({limit} bytes, --max-request-size)"
-            )
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
