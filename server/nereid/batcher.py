@@ -30,7 +30,7 @@ from nereid.inference import InferRequest
 from nereid.request_queue import QueuedRequest, RequestQueue
 from nereid.stats import ModelStats
 
-__all__ = ["DynamicBatcher", "Instance", "Outcome"]
+__all__ = ["DynamicBatcher", "Instance", "Outcome", "Ticket"]
 
 _log = logging.getLogger("nereid")
 
@@ -167,6 +167,21 @@ class _Stream:
 
     async def get(self) -> Any:
         return await self._queue.get()
+
+
+class Ticket:
+    """One submitted payload: ``future`` gets its result; ``withdraw()`` when its caller
+    no longer wants it (it leaves the queue unexecuted, counted as CANCELED)."""
+
+    __slots__ = ("future", "item", "_batcher")
+
+    def __init__(self, future: asyncio.Future[Any], item: QueuedRequest, batcher: DynamicBatcher) -> None:
+        self.future = future
+        self.item = item
+        self._batcher = batcher
+
+    def withdraw(self) -> None:
+        self._batcher._withdraw(self)
 
 
 class DynamicBatcher:
@@ -307,14 +322,25 @@ class DynamicBatcher:
         (cost beyond max_batch_size) or UnavailableError (stopping). If the caller is
         cancelled while the payload waits, it leaves the queue unexecuted.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        item, received_ns = self._enqueue(payload, future, received_ns)
+        ticket = self.submit(payload, received_ns)
         try:
-            return await future
+            return await ticket.future
         except asyncio.CancelledError:
-            if self._queue.discard(item):
-                self.stats.record_failure(self._clock() - received_ns, "CANCELED")
+            ticket.withdraw()
             raise
+
+    def submit(self, payload: Any, received_ns: int | None = None) -> Ticket:
+        """Queue one payload without waiting: the ticket's future gets the result (or the
+        error ``infer`` would raise). For callers that answer from a callback instead of a
+        coroutine (the native HTTP engine). Raises what ``infer`` raises before queueing."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        item, _ = self._enqueue(payload, future, received_ns)
+        return Ticket(future, item, self)
+
+    def _withdraw(self, ticket: Ticket) -> None:
+        ticket.future.cancel()
+        if self._queue.discard(ticket.item):
+            self.stats.record_failure(self._clock() - ticket.item.payload[2], "CANCELED")
 
     async def stream(self, payload: Any, received_ns: int | None = None) -> AsyncIterator[Any]:
         """Queue one request of a decoupled model and yield its outputs step by step, until

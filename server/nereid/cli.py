@@ -68,7 +68,7 @@ _FLAGS = (
     _Flag("--log-warning", "log_warning", _bool, "log warnings (default true)"),
     _Flag("--log-error", "log_error", _bool, "log errors (default true)"),
     _Flag("--log-format", "log_format", str, "default | ISO8601", ("default", "ISO8601")),
-    _Flag("--http-server", "http_server", str, f"ASGI engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
+    _Flag("--http-server", "http_server", str, f"HTTP engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
     _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 import numpy as np
 
-from nereid.batcher import DynamicBatcher
+from nereid.batcher import DynamicBatcher, Ticket
 from nereid.config import to_triton_json
 from nereid.config.schema import InstanceGroup, ModelConfig
 from nereid.context import ModelContext
@@ -42,6 +42,7 @@ from nereid.warmup import build_samples, run_warmup
 __all__ = [
     "ModelManager",
     "ServingModel",
+    "Ticket",
     "VersionStatus",
     "IndexEntry",
     "READY",
@@ -106,6 +107,15 @@ class ServingModel:
         A caller that looked this object up just before a reload retired it is served by
         the object that replaced it; after an unload it gets Triton's "no available
         versions" error (the manager never hands out a retired object itself)."""
+        outputs: dict[str, np.ndarray] = await self._current().batcher.infer(request, received_ns)
+        return outputs
+
+    def submit(self, request: InferRequest, received_ns: int | None = None) -> Ticket:
+        """Queue one request without waiting (``infer`` for callback-driven callers): the
+        ticket's future gets the outputs; ``ticket.withdraw()`` if the caller goes away."""
+        return self._current().batcher.submit(request, received_ns)
+
+    def _current(self) -> ServingModel:
         serving = self
         while serving.successor is not None:
             serving = serving.successor
@@ -113,8 +123,7 @@ class ServingModel:
             raise ModelNotFoundError(
                 f"Request for unknown model: '{self.name}' has no available versions", model=self.name
             )
-        outputs: dict[str, np.ndarray] = await serving.batcher.infer(request, received_ns)
-        return outputs
+        return serving
 
 
 @dataclass(eq=False)

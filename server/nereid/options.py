@@ -10,7 +10,7 @@ from pathlib import Path
 
 __all__ = ["ServerOptions", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
 
-HTTP_SERVERS = ("granian", "uvicorn", "hypercorn")
+HTTP_SERVERS = ("native", "uvicorn", "granian", "hypercorn")
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 
 
@@ -36,8 +36,8 @@ class ServerOptions:
     log_warning: bool = True
     log_error: bool = True
     log_format: str = "default"
-    #: which ASGI engine serves HTTP: granian, uvicorn or hypercorn.
-    http_server: str = "uvicorn"
+    #: which engine serves HTTP: native (nereid's own, on httptools), uvicorn, granian or hypercorn.
+    http_server: str = "native"
     #: requests with a larger body (after decompression) are refused with 400.
     max_request_size: int = 256 * 1024 * 1024
     #: JSON header limit, tritonserver's --http-max-input-size (64 MiB).

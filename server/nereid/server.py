@@ -1,5 +1,6 @@
 """Server: the composition root. Builds the ModelManager and the HTTP app, and runs them
-on the chosen ASGI engine (uvicorn, granian or hypercorn) until a shutdown signal.
+on the chosen HTTP engine (nereid's native one, uvicorn, granian or hypercorn) until a
+shutdown signal.
 
 The only module that knows the engines. Everything it wires is built here and passed
 down: no globals, so two servers can run in one process.
@@ -91,14 +92,16 @@ class Server(InProcessServer):
         _log.info("nereid serving %s on %s (HTTP engine: %s)", self.options.model_repository, where, engine)
         metrics = await self._start_metrics()
         try:
-            if engine == "uvicorn":
+            if engine == "native":
+                await self._serve_native()
+            elif engine == "uvicorn":
                 await self._serve_uvicorn()
             elif engine == "hypercorn":
                 await self._serve_hypercorn()
             elif engine == "granian":
                 await self._serve_granian()
             else:
-                raise ValueError(f"unknown HTTP server {engine!r} (expected uvicorn, granian or hypercorn)")
+                raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
         finally:
             if metrics is not None:
                 await metrics.aclose()
@@ -125,6 +128,16 @@ class Server(InProcessServer):
         self.metrics_port = listener.port
         _log.info("metrics on http://%s:%d/metrics", options.http_address, listener.port)
         return listener
+
+    async def _serve_native(self) -> None:
+        from nereid.http.native import NativeServer
+
+        options = self.options
+        server = NativeServer(
+            self.app, max_request_size=options.max_request_size, graceful_timeout=options.exit_timeout_secs
+        )
+        assert self._shutdown is not None
+        await server.serve(self._shutdown, host=options.http_address, port=options.http_port, fd=options.http_fd)
 
     async def _serve_uvicorn(self) -> None:
         import uvicorn

@@ -1,4 +1,4 @@
-"""Every HTTP engine serves the same protocol: uvicorn (the default), granian, hypercorn."""
+"""Every HTTP engine serves the same protocol: native (the default), uvicorn, granian, hypercorn."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ dims = [4]
 """
 
 
-@pytest.mark.parametrize("engine", ["uvicorn", "granian", "hypercorn"])
+@pytest.mark.parametrize("engine", ["native", "uvicorn", "granian", "hypercorn"])
 def test_engine_serves_binary_and_json_infer_and_errors(serve, repo: RepoBuilder, engine: str) -> None:  # type: ignore[no-untyped-def]
     repo.add("identity", CONFIG)
     server = serve(repo.root, engine=engine)

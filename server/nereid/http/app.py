@@ -40,6 +40,11 @@ class NereidApp:
         self.starlette = starlette
         self.endpoints = endpoints
 
+    def match_infer(self, path: str) -> tuple[str, str | None] | None:
+        """(model name, version text or None) when ``path`` is an infer path."""
+        match = _INFER_PATH.fullmatch(path)
+        return None if match is None else (match.group(1), match.group(2))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             method = scope["method"]

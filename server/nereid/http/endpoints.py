@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
 import orjson
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from starlette.responses import Response
 from nereid import __version__
 from nereid.config import config_from_triton_json
 from nereid.errors import (
+    InternalError,
     InvalidInputError,
     MalformedRequestError,
     ModelNotFoundError,
@@ -28,10 +29,10 @@ from nereid.errors import (
     UnsupportedError,
 )
 from nereid.http import codec
-from nereid.http._asgi import ClientGone, read_body, send_error
+from nereid.http._asgi import ClientGone, error_parts, read_body, send_error
 from nereid.http.errors import error_json, status_for
 from nereid.inference import InferResult
-from nereid.model_manager import ModelManager, ServingModel
+from nereid.model_manager import ModelManager, ServingModel, Ticket
 from nereid.options import ServerOptions
 from nereid.repository import check_model_name
 from nereid.shared_memory import SharedMemoryManager
@@ -281,44 +282,18 @@ class Endpoints:
             return error_response(exc)
         return empty_response(200)
 
-    # -- infer (raw ASGI: the hot path) --------------------------------------------------
+    # -- infer (the hot path) --------------------------------------------------------------
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
+        """POST .../infer as a raw ASGI handler (the uvicorn, granian and hypercorn engines)."""
         received_ns = time.monotonic_ns()
-        header_length = content_encoding = accept_encoding = content_length = None
-        for key, value in scope["headers"]:
-            if key == b"inference-header-content-length":
-                header_length = value.decode("latin-1")
-            elif key == b"content-encoding":
-                content_encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
-            elif key == b"content-length":
-                content_length = value
+        headers = _InferHeaders(scope["headers"])
         shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
-            body = await read_body(receive, content_length, self.options.max_request_size)
-            serving = self.manager.get(name, parse_version(version_text))
-            if serving.config.decoupled:
-                raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
-            if content_encoding:
-                body = codec.decode_body(body, content_encoding, max_size=self.options.max_request_size)
-            model_codec = self._codec(serving)
-            request = codec.parse_infer_request(
-                body,
-                header_length,
-                config=model_codec,
-                model_name=name,
-                model_version=serving.version,
-                max_json_size=self.options.http_max_input_size,
-                resolve_shm=shm.resolve,
-            )
-            outputs = await _infer_watching_disconnect(serving, request, received_ns, receive)
-            result = InferResult(name, serving.version, outputs, request.id)
-            payload, headers = codec.encode_infer_response(
-                result, request, model_codec, accept_encoding=accept_encoding, labels=serving.labels,
-                write_shm=shm.write,
-            )
+            body = await read_body(receive, headers.content_length, self.options.max_request_size)
+            call = self._parse_infer(name, version_text, headers, body, shm)
+            outputs = await _infer_watching_disconnect(call.serving, call.request, received_ns, receive)
+            status, response_headers, payload = call.respond(outputs)
         except NereidError as exc:
             await send_error(send, exc)
             return
@@ -326,9 +301,126 @@ class Endpoints:
             return
         finally:
             shm.release()
-        headers.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
         await send({"type": "http.response.body", "body": payload})
+
+    def start_infer(
+        self,
+        name: str,
+        version_text: str | None,
+        raw_headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        received_ns: int,
+        reply: Reply,
+    ) -> Ticket | None:
+        """POST .../infer for a callback-driven engine (the native one): the request is
+        parsed and queued now, and ``reply(status, headers, body)`` is called once, on the
+        loop, when its answer is ready (at once for a bad request). Returns the ticket to
+        withdraw if the client goes away first (None when already answered). Never raises."""
+        headers = _InferHeaders(raw_headers)
+        shm = self._shm.lease()
+        try:
+            call = self._parse_infer(name, version_text, headers, body, shm)
+            ticket = call.serving.submit(call.request, received_ns)
+        except NereidError as exc:
+            shm.release()
+            reply(*error_parts(exc))
+            return None
+        except Exception as exc:  # a bug must cost one request, not the connection
+            shm.release()
+            _log.exception("infer on model %r failed unexpectedly", name)
+            reply(*error_parts(InternalError(f"internal error in infer on model '{name}': {exc}")))
+            return None
+
+        def answer(future: asyncio.Future[Any]) -> None:
+            try:
+                if future.cancelled():
+                    return  # withdrawn: the client is gone
+                error = future.exception()
+                if error is None:
+                    reply(*call.respond(future.result()))
+                elif isinstance(error, NereidError):
+                    reply(*error_parts(error))
+                else:
+                    reply(*error_parts(InternalError(f"internal error in infer on model '{name}': {error}")))
+            except NereidError as exc:  # encoding the response failed
+                reply(*error_parts(exc))
+            finally:
+                shm.release()
+
+        ticket.future.add_done_callback(answer)
+        return ticket
+
+    def _parse_infer(
+        self, name: str, version_text: str | None, headers: _InferHeaders, body: bytes, shm: Any
+    ) -> _InferCall:
+        serving = self.manager.get(name, parse_version(version_text))
+        if serving.config.decoupled:
+            raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
+        if headers.content_encoding:
+            body = codec.decode_body(body, headers.content_encoding, max_size=self.options.max_request_size)
+        model_codec = self._codec(serving)
+        request = codec.parse_infer_request(
+            body,
+            headers.header_length,
+            config=model_codec,
+            model_name=name,
+            model_version=serving.version,
+            max_json_size=self.options.http_max_input_size,
+            resolve_shm=shm.resolve,
+        )
+        return _InferCall(name, serving, request, model_codec, headers.accept_encoding, shm)
+
+
+#: ``reply(status, headers, body)``: how a callback-driven engine is handed an answer.
+Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+
+
+class _InferHeaders:
+    """The request headers the infer path reads (names are lowercase, as ASGI gives them)."""
+
+    __slots__ = ("header_length", "content_encoding", "accept_encoding", "content_length")
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        self.header_length = self.content_encoding = self.accept_encoding = None
+        self.content_length: bytes | None = None
+        for key, value in raw:
+            if key == b"inference-header-content-length":
+                self.header_length = value.decode("latin-1")
+            elif key == b"content-encoding":
+                self.content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                self.accept_encoding = value.decode("latin-1")
+            elif key == b"content-length":
+                self.content_length = value
+
+
+class _InferCall:
+    """One parsed infer request on its way through the model; ``respond`` encodes its
+    outputs as (status, headers, body)."""
+
+    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm")
+
+    def __init__(
+        self, name: str, serving: ServingModel, request: Any, model_codec: codec.ModelCodec,
+        accept_encoding: str | None, shm: Any,
+    ) -> None:
+        self.name = name
+        self.serving = serving
+        self.request = request
+        self.codec = model_codec
+        self.accept_encoding = accept_encoding
+        self.shm = shm
+
+    def respond(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        serving = self.serving
+        result = InferResult(self.name, serving.version, outputs, self.request.id)
+        payload, headers = codec.encode_infer_response(
+            result, self.request, self.codec, accept_encoding=self.accept_encoding, labels=serving.labels,
+            write_shm=self.shm.write,
+        )
+        headers.append((b"content-length", str(len(payload)).encode()))
+        return 200, headers, payload
 
 
 #: A request still waiting after this long starts watching for its client going away

@@ -1,0 +1,260 @@
+"""HTTP/1.1 framing of the native engine (the default), over raw sockets: pipelining,
+chunked bodies, Expect: 100-continue, HTTP/1.0 and Connection: close, HEAD, percent-encoded
+and query-string infer paths, unparsable requests, withdrawn requests, graceful stop."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import RepoBuilder, RunningServer, start_server
+
+IDENTITY = """
+max_batch_size = 8
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+[dynamic_batching]
+"""
+
+SLOW = IDENTITY + """
+[[instance_group]]
+count = 1
+"""
+
+SLOW_MODEL = """
+import time
+
+
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        time.sleep(float(inputs["INPUT0"][0, 0]))
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    root = tmp_path_factory.mktemp("native-repo")
+    repo = RepoBuilder(root)
+    repo.add("identity", IDENTITY)
+    repo.add("slow", SLOW, model=SLOW_MODEL)
+    server = start_server(root, "--http-server", "native", log_dir=tmp_path_factory.mktemp("native-log"))
+    yield server
+    server.stop()
+
+
+def read_responses(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read ``count`` Content-Length-framed responses (skipping 100 Continue)."""
+    data = b""
+    responses: list[tuple[int, dict[str, str], bytes]] = []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(responses)} responses"
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        if status == 100:
+            continue
+        length = int(headers.get("content-length", "0"))
+        while len(data) < length:
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+        responses.append((status, headers, data[:length]))
+        data = data[length:]
+    return responses
+
+
+def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n" % (path.encode(), len(body), extra) + body
+
+
+def connect(server: RunningServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+
+def test_hundreds_of_pipelined_requests_in_one_write_are_answered_in_order(server: RunningServer) -> None:
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    missing = post("/v2/models/missing/infer", BODY)
+    good = post("/v2/models/identity/infer", BODY)
+    batch = (live + missing + good) * 300  # errors answer at once: no recursion, no reordering
+    with connect(server) as sock:
+        sock.sendall(batch)
+        statuses = [status for status, _, _ in read_responses(sock, 900)]
+    assert statuses == [200, 404, 200] * 300
+
+
+def test_a_chunked_request_body_is_read_whole(server: RunningServer) -> None:
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (BODY[:10], BODY[10:30], BODY[30:])) + b"0\r\n\r\n"
+    request = b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
+    with connect(server) as sock:
+        sock.sendall(request)
+        [(status, _, body)] = read_responses(sock, 1)
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [1, 2, 3, 4]
+
+
+def test_a_chunked_body_over_the_size_limit_is_refused(tmp_path: Path, repo: RepoBuilder) -> None:
+    repo.add("identity", IDENTITY)
+    server = start_server(repo.root, "--max-request-size", "1000", log_dir=tmp_path)
+    try:
+        request = b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        with connect(server) as sock:
+            sock.sendall(request + b"400\r\n" + bytes(1024) + b"\r\n")
+            [(status, headers, body)] = read_responses(sock, 1)
+            assert sock.recv(100) == b""  # closed: the rest of the body is not read
+        assert status == 400
+        assert headers["connection"] == "close"
+        assert "exceeds the maximum allowed size (1000 bytes, --max-request-size)" in json.loads(body)["error"]
+        assert httpx.get(server.http + "/v2/health/live").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_expect_100_continue_gets_continue_before_the_body(server: RunningServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(BODY))
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(BODY)
+        [(status, _, _)] = read_responses(sock, 1)
+    assert status == 200
+
+
+@pytest.mark.parametrize("request_line, extra", [
+    (b"GET /v2/health/live HTTP/1.0", b""),
+    (b"GET /v2/health/live HTTP/1.1", b"Connection: close\r\n"),
+])
+def test_connection_closes_after_the_answer_when_the_client_asks(server: RunningServer, request_line: bytes, extra: bytes) -> None:
+    with connect(server) as sock:
+        sock.sendall(request_line + b"\r\nHost: x\r\n" + extra + b"\r\n")
+        [(status, headers, _)] = read_responses(sock, 1)
+        assert sock.recv(100) == b""
+    assert status == 200
+    assert headers["connection"] == "close"
+
+
+def test_http_1_0_keep_alive_is_honoured(server: RunningServer) -> None:
+    with connect(server) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            [(status, _, _)] = read_responses(sock, 1)
+            assert status == 200
+
+
+def test_head_answers_headers_without_a_body(server: RunningServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"\r\n\r\n"):
+            data += sock.recv(65536)
+    first, second = data.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"405")  # Triton answers only GET/POST
+    assert int(re.search(rb"content-length: (\d+)", first).group(1)) > 0  # type: ignore[union-attr]
+    assert first.endswith(b"\r\n\r\n")  # ... and no body follows: the next response starts right away
+    assert second.startswith(b"200")
+
+
+@pytest.mark.parametrize("path", ["/v2/models/%69dentity/infer", "/v2/models/identity/infer?x=1",
+                                  "/v2/models/identity/versions/1/infer"])
+def test_infer_paths_with_escapes_queries_and_versions_are_routed(server: RunningServer, path: str) -> None:
+    with connect(server) as sock:
+        sock.sendall(post(path, BODY))
+        [(status, _, body)] = read_responses(sock, 1)
+    assert status == 200, body
+    assert json.loads(body)["model_name"] == "identity"
+
+
+@pytest.mark.parametrize("garbage", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"GET / HTTP/9.9\r\n\r\n",
+                                     b"POST /v2/models/identity/infer HTTP/1.1\r\nContent-Length: x\r\n\r\n"])
+def test_an_unparsable_request_gets_400_and_the_connection_closes(server: RunningServer, garbage: bytes) -> None:
+    with connect(server) as sock:
+        sock.sendall(garbage)
+        [(status, headers, body)] = read_responses(sock, 1)
+        assert sock.recv(100) == b""
+    assert status == 400
+    assert headers["connection"] == "close"
+    assert json.loads(body) == {"error": "Invalid HTTP request received."}
+    assert httpx.get(server.http + "/v2/health/live").status_code == 200
+
+
+def test_an_upgrade_request_is_answered_and_the_connection_closed(server: RunningServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        [(status, _, _)] = read_responses(sock, 1)
+        assert sock.recv(100) == b""
+    assert status == 200
+
+
+def slow_body(seconds: float) -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [seconds, 0, 0, 0]}]}).encode()
+
+
+def stats(server: RunningServer, model: str) -> dict:  # type: ignore[type-arg]
+    return httpx.get(f"{server.http}/v2/models/{model}/stats").json()["model_stats"][0]  # type: ignore[no-any-return]
+
+
+def test_a_queued_request_whose_client_hangs_up_is_never_executed(server: RunningServer) -> None:
+    before = stats(server, "slow")["inference_stats"]
+    client = httpclient.InferenceServerClient(server.url)
+    blocker = threading.Thread(target=lambda: client.infer("slow", [_input(1.0)]))
+    blocker.start()  # occupies the only instance for a second
+    time.sleep(0.3)
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/slow/infer", slow_body(0.0)))
+        time.sleep(0.2)
+    blocker.join()
+    client.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        after = stats(server, "slow")["inference_stats"]
+        if after["fail"]["count"] > before["fail"]["count"]:
+            break
+        time.sleep(0.05)
+    assert after["success"]["count"] == before["success"]["count"] + 1  # only the blocker ran
+    assert after["fail"]["count"] == before["fail"]["count"] + 1  # the other was withdrawn
+
+
+def _input(value: float) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([[value, 0, 0, 0]], dtype=np.float32))
+    return tensor
+
+
+def test_stop_lets_a_request_in_flight_finish_and_then_exits(tmp_path: Path, repo: RepoBuilder) -> None:
+    repo.add("slow", SLOW, model=SLOW_MODEL)
+    server = start_server(repo.root, log_dir=tmp_path)
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/slow/infer", slow_body(1.0)))
+        time.sleep(0.3)
+        server.process.send_signal(2)  # SIGINT while the request runs
+        [(status, headers, body)] = read_responses(sock, 1)
+    assert status == 200, body
+    assert headers["connection"] == "close"
+    assert server.process.wait(20) == 0
+    server.stopped = True
