@@ -469,18 +469,19 @@ class DynamicBatcher:
             rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
         )
         end = self._clock()
+        total_ns = 0
+        queue_times: list[int] = []
+        resolve = self._resolve
         for item, outputs in zip(batch, outcome.outputs):
             _, future, received_ns = item.payload
             if future.done():
                 continue
-            self._resolve(item, True, outputs)
-            self.stats.record_success(
-                end - received_ns,
-                started - item.enqueued_ns,
-                outcome.compute_input_ns,
-                outcome.compute_infer_ns,
-                outcome.compute_output_ns,
-            )
+            resolve(item, True, outputs)
+            total_ns += end - received_ns
+            queue_times.append(started - item.enqueued_ns)
+        self.stats.record_successes(
+            total_ns, queue_times, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
+        )
 
     async def _execute_stream(self, instance: Instance, batch: tuple[QueuedRequest, ...]) -> None:
         """One batch of a decoupled model: every step reaches each request still listening;

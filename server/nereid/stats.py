@@ -104,6 +104,30 @@ class ModelStats:
         self.compute_output.add(compute_output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
 
+    def record_successes(
+        self,
+        total_ns: int,
+        queue_times_ns: list[int],
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """The successful requests of one batch at once: ``total_ns`` is the sum of their
+        end-to-end times, ``queue_times_ns`` one entry per request; each is charged the
+        batch's compute times (what ``record_success`` per request would add up to)."""
+        count = len(queue_times_ns)
+        if not count:
+            return
+        self.success.add(total_ns, count)
+        self.queue.add(sum(queue_times_ns), count)
+        buckets = self.queue_buckets
+        for queue_ns in queue_times_ns:
+            buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
+        self.compute_input.add(compute_input_ns * count, count)
+        self.compute_infer.add(compute_infer_ns * count, count)
+        self.compute_output.add(compute_output_ns * count, count)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
     def record_queue_time(self, queue_ns: int) -> None:
         """Count one successful request's queue time in ``queue_buckets``."""
         self.queue_buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1

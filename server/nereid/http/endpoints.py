@@ -331,24 +331,8 @@ class Endpoints:
             _log.exception("infer on model %r failed unexpectedly", name)
             reply(*error_parts(InternalError(f"internal error in infer on model '{name}': {exc}")))
             return None
-
-        def answer(future: asyncio.Future[Any]) -> None:
-            try:
-                if future.cancelled():
-                    return  # withdrawn: the client is gone
-                error = future.exception()
-                if error is None:
-                    reply(*call.respond(future.result()))
-                elif isinstance(error, NereidError):
-                    reply(*error_parts(error))
-                else:
-                    reply(*error_parts(InternalError(f"internal error in infer on model '{name}': {error}")))
-            except NereidError as exc:  # encoding the response failed
-                reply(*error_parts(exc))
-            finally:
-                shm.release()
-
-        ticket.future.add_done_callback(answer)
+        call.reply = reply
+        ticket.future.add_done_callback(call.answer)
         return ticket
 
     def _parse_infer(
@@ -399,7 +383,7 @@ class _InferCall:
     """One parsed infer request on its way through the model; ``respond`` encodes its
     outputs as (status, headers, body)."""
 
-    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm")
+    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "reply")
 
     def __init__(
         self, name: str, serving: ServingModel, request: Any, model_codec: codec.ModelCodec,
@@ -411,6 +395,27 @@ class _InferCall:
         self.codec = model_codec
         self.accept_encoding = accept_encoding
         self.shm = shm
+        self.reply: Reply | None = None  # set for a callback-driven engine (start_infer)
+
+    def answer(self, future: asyncio.Future[Any]) -> None:
+        """The done-callback of a submitted request: ``reply`` with its response, or with
+        its error; nothing when it was withdrawn (the client is gone)."""
+        reply = self.reply
+        assert reply is not None
+        try:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is None:
+                reply(*self.respond(future.result()))
+            elif isinstance(error, NereidError):
+                reply(*error_parts(error))
+            else:
+                reply(*error_parts(InternalError(f"internal error in infer on model '{self.name}': {error}")))
+        except NereidError as exc:  # encoding the response failed
+            reply(*error_parts(exc))
+        finally:
+            self.shm.release()
 
     def respond(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         serving = self.serving
