@@ -454,7 +454,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="nereid's max_queue_delay_microseconds (default 0: opportunistic batching, "
                         "nereid's best setting here; Triton's identity config uses 100)")
     p.add_argument("--http-server", default=None,
-                   help="nereid serve --http-server ENGINE (granian, uvicorn, hypercorn)")
+                   help="nereid serve --http-server ENGINE (native, uvicorn, granian, hypercorn)")
     p.add_argument("--nereid-cmd", default=None,
                    help="command that runs nereid (unset: .venv/bin/nereid, else python -m nereid)")
     p.add_argument("--nereid-arg", action="append", default=[],
