@@ -241,7 +241,7 @@ class _Connection(asyncio.Protocol):
                     self._ticket = ticket
                 return
         self._exchange = _AsgiExchange(self, request)
-        self._loop.create_task(self._exchange.run())
+        self._server.track(self._loop.create_task(self._exchange.run()))
 
     def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Write a complete response to the active request and go on with the next one.
@@ -490,6 +490,13 @@ class NativeServer:
         self.closing = False
         self.state: dict[str, Any] = {}
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by serve()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Keep an ASGI request's task until it ends (cancelled at shutdown if it outlives
+        its connection)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def serve(
         self, shutdown: asyncio.Event, *, host: str = "127.0.0.1", port: int = 8000, fd: int | None = None
@@ -528,3 +535,8 @@ class NativeServer:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             connection.close()
+        # Handlers still running (a stream whose client never left) end with their connection.
+        await asyncio.sleep(0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
