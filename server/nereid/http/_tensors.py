@@ -438,6 +438,10 @@ def output_array(
     return arr, dt
 
 
+#: Outputs up to this many bytes are copied once with ``tobytes`` instead of viewed.
+_COPY_BELOW = 64 * 1024
+
+
 def binary_blob(arr: NDArray[Any], dt: DataType, name: str, model_name: str) -> tuple[list[Any], int]:
     """An output's binary form as buffers to be joined once (no copies of numeric data:
     a byte view of the contiguous array) and its size in bytes."""
@@ -446,6 +450,10 @@ def binary_blob(arr: NDArray[Any], dt: DataType, name: str, model_name: str) -> 
     size = arr.nbytes
     if not size:
         return [], 0
+    if size <= _COPY_BELOW and dt.numpy.kind != "V":
+        # Small outputs: one copy is cheaper than exporting the array's buffer twice
+        # (arr.data, then bytes.join), which costs more than the bytes themselves.
+        return [arr.tobytes()], size
     if arr.flags.c_contiguous and dt.numpy.kind != "V":
         return [arr.data], size  # bytes.join reads any C-contiguous buffer
     # Non-contiguous arrays are copied once; ml_dtypes types (BF16) export no buffer

@@ -36,6 +36,8 @@ _log = logging.getLogger("nereid")
 #: Complete requests a connection may hold unanswered (pipelining) before it stops reading.
 _MAX_PIPELINED = 16
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: URLs whose infer route the server remembers (cleared when full).
+_MAX_ROUTES = 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
 
@@ -229,13 +231,12 @@ class _Connection(asyncio.Protocol):
         if not request.method:  # the parser gave up on it
             self.reply(400, [(b"content-type", b"application/json")], _BAD_REQUEST)
             return
-        url = request.url
-        if request.method == b"POST" and url.endswith(b"/infer") and b"%" not in url:
+        if request.method == b"POST":
             server = self._server
-            match = server.app.match_infer(url.decode("latin-1"))
-            if match is not None:
+            route = server.infer_route(request.url)
+            if route is not None:
                 ticket = server.app.endpoints.start_infer(
-                    match[0], match[1], request.headers, request.body, time.monotonic_ns(), self.reply
+                    route[0], route[1], request.headers, request.body, time.monotonic_ns(), self.reply
                 )
                 if ticket is not None:  # None: answered already (and maybe the next one started)
                     self._ticket = ticket
@@ -491,6 +492,24 @@ class NativeServer:
         self.state: dict[str, Any] = {}
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by serve()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._routes: dict[bytes, tuple[str, str | None] | None] = {}
+
+    def infer_route(self, url: bytes) -> tuple[str, str | None] | None:
+        """(model name, version text) when a POST to ``url`` is an infer request the fast
+        path takes; None sends it to the ASGI app (which also routes escaped paths and
+        query strings). Remembers the answer per URL: clients repeat theirs."""
+        routes = self._routes
+        try:
+            return routes[url]
+        except KeyError:
+            pass
+        route = None
+        if url.endswith(b"/infer") and b"%" not in url:
+            route = self.app.match_infer(url.decode("latin-1"))
+        if len(routes) >= _MAX_ROUTES:
+            routes.clear()  # a client inventing URLs cannot grow this without bound
+        routes[url] = route
+        return route
 
     def track(self, task: asyncio.Task[None]) -> None:
         """Keep an ASGI request's task until it ends (cancelled at shutdown if it outlives
