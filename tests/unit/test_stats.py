@@ -1,0 +1,28 @@
+"""ModelStats: a batch's successes recorded at once add up to recording each request."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nereid.stats import ModelStats
+
+NS = st.integers(min_value=0, max_value=10**12)
+
+
+@given(
+    requests=st.lists(st.tuples(NS, NS), min_size=0, max_size=40),
+    compute=st.tuples(NS, NS, NS),
+)
+def test_record_successes_equals_one_record_success_per_request(
+    requests: list[tuple[int, int]], compute: tuple[int, int, int]
+) -> None:
+    one_by_one = ModelStats("m", 1)
+    at_once = ModelStats("m", 1)
+    for total_ns, queue_ns in requests:
+        one_by_one.record_success(total_ns, queue_ns, *compute)
+    at_once.record_successes(sum(t for t, _ in requests), [q for _, q in requests], *compute)
+    for stats in (one_by_one, at_once):
+        stats.last_inference_ms = 0  # wall clock: not part of the comparison
+    assert at_once.snapshot() == one_by_one.snapshot()
+    assert at_once.queue_buckets == one_by_one.queue_buckets
