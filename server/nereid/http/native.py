@@ -4,7 +4,7 @@ Owns connections and HTTP/1.1 framing (keep-alive, pipelining in order, Expect:
 100-continue, Content-Length or chunked responses, the request size limit, graceful
 shutdown). Infer requests go from the parser straight to ``Endpoints.start_infer`` and
 back as one socket write, with no ASGI messages, task or coroutine per request; every
-other request, and the lifespan, goes to the ASGI app through a small ASGI 3 bridge.
+other request, and the lifespan, goes to the ASGI app through ``asgi_bridge``.
 
 Why it exists: on the identity benchmark the ASGI layer (scope, messages, a task per
 request, the engine's protocol object) was most of nereid's own CPU per request; this
@@ -20,14 +20,14 @@ import http
 import logging
 import socket
 import time
-import urllib.parse
-from typing import Any, Callable, MutableMapping
+from typing import Any
 
 import httptools
 
 from nereid.errors import InvalidInputError
 from nereid.http._asgi import body_too_large, check_declared_length, error_parts
 from nereid.http.app import NereidApp
+from nereid.http.asgi_bridge import AsgiExchange, Lifespan, http_scope
 
 __all__ = ["NativeServer"]
 
@@ -79,7 +79,9 @@ class _Connection(asyncio.Protocol):
         self._queue: collections.deque[_Request] = collections.deque()
         self._active: _Request | None = None
         self._ticket: Any = None  # the active infer request's ticket (to withdraw on disconnect)
-        self._exchange: _AsgiExchange | None = None
+        self._exchange: AsgiExchange | None = None
+        self._head = b""  # a streamed response's head, sent with its first part
+        self._chunked = False
         self._gone = False
         self._in_next = False
         self._reading = True
@@ -241,8 +243,8 @@ class _Connection(asyncio.Protocol):
                 if ticket is not None:  # None: answered already (and maybe the next one started)
                     self._ticket = ticket
                 return
-        self._exchange = _AsgiExchange(self, request)
-        self._server.track(self._loop.create_task(self._exchange.run()))
+        self._exchange = AsgiExchange(self, self._server.app, self._asgi_scope(request))
+        self._server.track(self._loop.create_task(self._exchange.run(request.body)))
 
     def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Write a complete response to the active request and go on with the next one.
@@ -268,6 +270,57 @@ class _Connection(asyncio.Protocol):
         self._transport.write(b"".join(head))
         self._done()
 
+    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Begin a response whose body comes in parts (``send_body``): Content-Length when
+        ``headers`` give one, else chunked. The head goes out with the first part."""
+        request = self._active
+        assert request is not None
+        head = [_STATUS_LINES.get(status) or _status_line(status)]
+        chunked = True
+        for name, value in headers:
+            head.append(b"%s: %s\r\n" % (name, value))
+            if name == b"content-length":
+                chunked = False
+        if chunked:
+            head.append(b"transfer-encoding: chunked\r\n")
+        if not request.keep_alive or self._server.closing:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        self._head = b"".join(head)
+        self._chunked = chunked
+
+    def send_body(self, body: bytes, more: bool) -> None:
+        """One part of a response begun with ``start_response``; the last one
+        (``more=False``) ends it and goes on with the next request."""
+        if self._gone:
+            return
+        out = [self._head] if self._head else []
+        self._head = b""
+        if self._active is not None and self._active.method != b"HEAD":
+            if not self._chunked:
+                out.append(body)
+            else:
+                if body:
+                    out.append(b"%x\r\n%s\r\n" % (len(body), body))
+                if not more:
+                    out.append(b"0\r\n\r\n")
+        if out:
+            self._transport.write(b"".join(out))
+        if not more:
+            self._done()
+
+    def _asgi_scope(self, request: _Request) -> dict[str, Any]:
+        transport = self._transport
+        return http_scope(
+            method=request.method, url=request.url, headers=request.headers, http_version=request.http_version,
+            server=transport.get_extra_info("sockname"), client=transport.get_extra_info("peername"),
+            state=self._server.state,
+        )
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
     def _done(self) -> None:
         request = self._active
         assert request is not None
@@ -291,191 +344,6 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if not self._gone:
             self._transport.close()
-
-
-class _AsgiExchange:
-    """One request answered by the ASGI app: the scope, ``receive`` and ``send``."""
-
-    __slots__ = ("_connection", "_request", "_started", "_complete", "_chunked", "_head", "_disconnected",
-                 "_body_given", "_status")
-
-    def __init__(self, connection: _Connection, request: _Request) -> None:
-        self._connection = connection
-        self._request = request
-        self._started = False
-        self._complete = False
-        self._chunked = False
-        self._head: list[bytes] = []
-        self._status = 0
-        self._body_given = False
-        self._disconnected: asyncio.Future[None] = connection._loop.create_future()
-
-    def disconnect(self) -> None:
-        if not self._disconnected.done():
-            self._disconnected.set_result(None)
-
-    def _scope(self) -> dict[str, Any]:
-        request = self._request
-        connection = self._connection
-        url = httptools.parse_url(request.url)
-        raw_path: bytes = url.path
-        path = raw_path.decode("latin-1")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        transport = connection._transport
-        return {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version,
-            "server": _address(transport.get_extra_info("sockname")),
-            "client": _address(transport.get_extra_info("peername")),
-            "scheme": "http",
-            "method": request.method.decode("latin-1"),
-            "root_path": "",
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": url.query or b"",
-            "headers": request.headers,
-            "state": dict(connection._server.state),
-        }
-
-    async def run(self) -> None:
-        try:
-            await self._connection._server.app(self._scope(), self._receive, self._send)
-        except Exception:
-            _log.exception("HTTP %s %s failed", self._request.method.decode("latin-1"), self._request.url.decode("latin-1"))
-            if not self._started:
-                self._connection.reply(500, [(b"content-type", b"application/json")], b'{"error":"Internal Server Error"}')
-            elif not self._complete:
-                self._connection.close()
-            return
-        if not self._started:
-            self._connection.reply(500, [(b"content-type", b"application/json")], b'{"error":"Internal Server Error"}')
-        elif not self._complete:
-            _log.error("HTTP %s: the app returned before finishing its response", self._request.url.decode("latin-1"))
-            self._connection.close()
-
-    async def _receive(self) -> dict[str, Any]:
-        if not self._body_given:
-            self._body_given = True
-            return {"type": "http.request", "body": self._request.body, "more_body": False}
-        await self._disconnected
-        return {"type": "http.disconnect"}
-
-    async def _send(self, message: MutableMapping[str, Any]) -> None:
-        connection = self._connection
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self._started:
-                raise RuntimeError("ASGI: http.response.start sent twice")
-            self._started = True
-            self._status = message["status"]
-            self._head = [(name.lower(), value) for name, value in message.get("headers", ())]  # type: ignore[misc]
-            return
-        if kind != "http.response.body":
-            raise RuntimeError(f"ASGI: unexpected message {kind!r}")
-        if not self._started or self._complete:
-            raise RuntimeError("ASGI: http.response.body before http.response.start or after the last body")
-        if connection._gone:
-            return
-        body: bytes = message.get("body", b"")
-        more: bool = message.get("more_body", False)
-        headers: list[tuple[bytes, bytes]] = self._head  # type: ignore[assignment]
-        if headers is not None and not more and not self._chunked:
-            # the whole response in one message: one write
-            self._head = None  # type: ignore[assignment]
-            self._complete = True
-            self.disconnect()
-            connection.reply(self._status, headers, body)
-            return
-        out = []
-        if headers is not None:
-            self._head = None  # type: ignore[assignment]
-            request = self._request
-            lines = [_STATUS_LINES.get(self._status) or _status_line(self._status)]
-            has_length = False
-            for name, value in headers:
-                lines.append(b"%s: %s\r\n" % (name, value))
-                has_length = has_length or name == b"content-length"
-            if not has_length:
-                self._chunked = True
-                lines.append(b"transfer-encoding: chunked\r\n")
-            if not request.keep_alive or connection._server.closing:
-                lines.append(b"connection: close\r\n")
-            lines.append(b"\r\n")
-            out.append(b"".join(lines))
-        if self._request.method != b"HEAD":
-            if self._chunked:
-                if body:
-                    out.append(b"%x\r\n%s\r\n" % (len(body), body))
-                if not more:
-                    out.append(b"0\r\n\r\n")
-            else:
-                out.append(body)
-        if out:
-            connection._transport.write(b"".join(out))
-        if not more:
-            self._complete = True
-            self.disconnect()
-            connection._done()
-        else:
-            await connection.drain()
-
-
-def _address(value: Any) -> tuple[str, int] | None:
-    if isinstance(value, tuple) and len(value) >= 2:
-        return (str(value[0]), int(value[1]))
-    return None
-
-
-class _Lifespan:
-    """Runs the ASGI app's lifespan protocol: startup before serving, shutdown after."""
-
-    def __init__(self, app: Callable[..., Any], state: dict[str, Any]) -> None:
-        self._app = app
-        self._state = state
-        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        self._started: asyncio.Future[None] = loop.create_future()
-        self._stopped: asyncio.Future[None] = loop.create_future()
-        self._task: asyncio.Task[None] | None = None
-
-    async def startup(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="nereid-lifespan")
-        await self._inbox.put({"type": "lifespan.startup"})
-        await asyncio.wait({self._started, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        if not self._started.done():
-            raise RuntimeError("the ASGI app's lifespan ended before startup completed")
-        self._started.result()
-
-    async def shutdown(self) -> None:
-        assert self._task is not None
-        if self._task.done():
-            return
-        await self._inbox.put({"type": "lifespan.shutdown"})
-        await asyncio.wait({self._stopped, self._task}, return_when=asyncio.FIRST_COMPLETED)
-
-    async def _run(self) -> None:
-        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self._state}
-        try:
-            await self._app(scope, self._inbox.get, self._send)
-        except BaseException as exc:
-            for future in (self._started, self._stopped):
-                if not future.done():
-                    future.set_exception(RuntimeError(f"the ASGI app's lifespan failed: {exc!r}"))
-            if not isinstance(exc, Exception):
-                raise
-            _log.exception("lifespan failed")
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "lifespan.startup.complete":
-            self._started.set_result(None)
-        elif kind == "lifespan.startup.failed":
-            self._started.set_exception(RuntimeError(message.get("message") or "lifespan startup failed"))
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            if not self._stopped.done():
-                self._stopped.set_result(None)
 
 
 class NativeServer:
@@ -521,7 +389,7 @@ class NativeServer:
         self, shutdown: asyncio.Event, *, host: str = "127.0.0.1", port: int = 8000, fd: int | None = None
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        lifespan = _Lifespan(self.app, self.state)
+        lifespan = Lifespan(self.app, self.state)
         await lifespan.startup()
         try:
             if fd is not None:
