@@ -258,3 +258,25 @@ def test_stop_lets_a_request_in_flight_finish_and_then_exits(tmp_path: Path, rep
     assert headers["connection"] == "close"
     assert server.process.wait(20) == 0
     server.stopped = True
+
+
+def test_a_refused_body_followed_by_pipelined_requests_gets_one_answer_and_a_close(tmp_path: Path, repo: RepoBuilder) -> None:
+    repo.add("identity", IDENTITY)
+    server = start_server(repo.root, "--max-request-size", "1000", log_dir=tmp_path)
+    try:
+        big = b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + bytes(2000)
+        live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+        with connect(server) as sock:
+            sock.sendall(big + live + live)
+            data = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        assert data.count(b"HTTP/1.1 ") == 1, data
+        assert data.startswith(b"HTTP/1.1 400 ")
+        assert httpx.get(server.http + "/v2/health/live").status_code == 200
+        assert "Traceback" not in server.log() and "Error" not in server.log(), server.log()
+    finally:
+        server.stop()

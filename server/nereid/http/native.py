@@ -220,7 +220,7 @@ class _Connection(asyncio.Protocol):
             self._in_next = False
         if self._active is None and not self._queue and not self._gone:
             if not self._parsing:
-                self._transport.close()
+                self.close()
             elif not self._reading:
                 self._reading = True
                 self._transport.resume_reading()
@@ -327,7 +327,7 @@ class _Connection(asyncio.Protocol):
         self._active = None
         self._exchange = None
         if not request.keep_alive or self._server.closing:
-            self._transport.close()
+            self.close()
             return
         self._next()
 
@@ -342,7 +342,12 @@ class _Connection(asyncio.Protocol):
         return self._active is None and not self._queue
 
     def close(self) -> None:
+        """Close after what is written goes out; nothing more is started or written
+        (pipelined requests already parsed are dropped)."""
         if not self._gone:
+            self._gone = True
+            self._parsing = False
+            self._queue.clear()
             self._transport.close()
 
 
