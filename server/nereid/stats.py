@@ -96,13 +96,7 @@ class ModelStats:
         compute_output_ns: int,
     ) -> None:
         """One successful request."""
-        self.success.add(total_ns)
-        self.queue.add(queue_ns)
-        self.record_queue_time(queue_ns)
-        self.compute_input.add(compute_input_ns)
-        self.compute_infer.add(compute_infer_ns)
-        self.compute_output.add(compute_output_ns)
-        self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
+        self.record_successes(total_ns, [queue_ns], compute_input_ns, compute_infer_ns, compute_output_ns)
 
     def record_successes(
         self,
@@ -114,19 +108,18 @@ class ModelStats:
     ) -> None:
         """The successful requests of one batch at once: ``total_ns`` is the sum of their
         end-to-end times, ``queue_times_ns`` one entry per request; each is charged the
-        batch's compute times (what ``record_success`` per request would add up to)."""
+        batch's compute times, as Triton does."""
         count = len(queue_times_ns)
         if not count:
             return
         self.success.add(total_ns, count)
         self.queue.add(sum(queue_times_ns), count)
-        buckets = self.queue_buckets
         for queue_ns in queue_times_ns:
-            buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
+            self.record_queue_time(queue_ns)
         self.compute_input.add(compute_input_ns * count, count)
         self.compute_infer.add(compute_infer_ns * count, count)
         self.compute_output.add(compute_output_ns * count, count)
-        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
 
     def record_queue_time(self, queue_ns: int) -> None:
         """Count one successful request's queue time in ``queue_buckets``."""

@@ -1,11 +1,13 @@
-"""ModelStats: a batch's successes recorded at once add up to recording each request."""
+"""ModelStats: a batch's successes recorded at once give Triton's per-request totals."""
 
 from __future__ import annotations
+
+import bisect
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereid.stats import ModelStats
+from nereid.stats import QUEUE_BUCKETS_US, ModelStats
 
 NS = st.integers(min_value=0, max_value=10**12)
 
@@ -14,6 +16,24 @@ NS = st.integers(min_value=0, max_value=10**12)
     requests=st.lists(st.tuples(NS, NS), min_size=0, max_size=40),
     compute=st.tuples(NS, NS, NS),
 )
+def test_record_successes_charges_every_request_its_own_times_and_the_batch_compute(
+    requests: list[tuple[int, int]], compute: tuple[int, int, int]
+) -> None:
+    stats = ModelStats("m", 1)
+    stats.record_successes(sum(t for t, _ in requests), [q for _, q in requests], *compute)
+    count = len(requests)
+    inference = stats.snapshot()["inference_stats"]
+    assert inference["success"] == {"count": count, "ns": sum(t for t, _ in requests)}
+    assert inference["queue"] == {"count": count, "ns": sum(q for _, q in requests)}
+    for key, ns in zip(("compute_input", "compute_infer", "compute_output"), compute):
+        assert inference[key] == {"count": count, "ns": ns * count}
+    expected = [0] * (len(QUEUE_BUCKETS_US) + 1)
+    for _, queue_ns in requests:
+        expected[bisect.bisect_left([us * 1000 for us in QUEUE_BUCKETS_US], queue_ns)] += 1
+    assert stats.queue_buckets == expected
+
+
+@given(requests=st.lists(st.tuples(NS, NS), min_size=1, max_size=20), compute=st.tuples(NS, NS, NS))
 def test_record_successes_equals_one_record_success_per_request(
     requests: list[tuple[int, int]], compute: tuple[int, int, int]
 ) -> None:
