@@ -247,25 +247,13 @@ class _Connection(asyncio.Protocol):
         self._server.track(self._loop.create_task(self._exchange.run(request.body)))
 
     def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """Write a complete response to the active request and go on with the next one.
-        ``headers`` carry content-length when ``body`` is not empty."""
-        request = self._active
-        assert request is not None
+        """Write a complete response to the active request and go on with the next one."""
         self._ticket = None
         if self._gone:
             return
-        head = [_STATUS_LINES.get(status) or _status_line(status)]
-        has_length = False
-        for name, value in headers:
-            head.append(b"%s: %s\r\n" % (name, value))
-            if name == b"content-length":
-                has_length = True
-        if not has_length:
-            head.append(b"content-length: %d\r\n" % len(body))
-        if not request.keep_alive or self._server.closing:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if request.method != b"HEAD":
+        head, _ = self._head_lines(status, headers, len(body))
+        assert self._active is not None
+        if self._active.method != b"HEAD":
             head.append(body)
         self._transport.write(b"".join(head))
         self._done()
@@ -273,21 +261,34 @@ class _Connection(asyncio.Protocol):
     def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Begin a response whose body comes in parts (``send_body``): Content-Length when
         ``headers`` give one, else chunked. The head goes out with the first part."""
+        head, self._chunked = self._head_lines(status, headers, None)
+        self._head = b"".join(head)
+
+    def _head_lines(
+        self, status: int, headers: list[tuple[bytes, bytes]], body_length: int | None
+    ) -> tuple[list[bytes], bool]:
+        """The active response's head, and whether its body is chunked: without a
+        content-length in ``headers`` it gets ``body_length``, or chunked when that is None;
+        ``connection: close`` when the connection ends after it."""
         request = self._active
         assert request is not None
         head = [_STATUS_LINES.get(status) or _status_line(status)]
-        chunked = True
+        has_length = False
         for name, value in headers:
             head.append(b"%s: %s\r\n" % (name, value))
             if name == b"content-length":
-                chunked = False
-        if chunked:
-            head.append(b"transfer-encoding: chunked\r\n")
+                has_length = True
+        chunked = False
+        if not has_length:
+            if body_length is None:
+                chunked = True
+                head.append(b"transfer-encoding: chunked\r\n")
+            else:
+                head.append(b"content-length: %d\r\n" % body_length)
         if not request.keep_alive or self._server.closing:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
-        self._head = b"".join(head)
-        self._chunked = chunked
+        return head, chunked
 
     def send_body(self, body: bytes, more: bool) -> None:
         """One part of a response begun with ``start_response``; the last one
