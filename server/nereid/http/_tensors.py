@@ -443,19 +443,20 @@ _COPY_BELOW = 64 * 1024
 
 
 def binary_blob(arr: NDArray[Any], dt: DataType, name: str, model_name: str) -> tuple[list[Any], int]:
-    """An output's binary form as buffers to be joined once (no copies of numeric data:
-    a byte view of the contiguous array) and its size in bytes."""
+    """An output's binary form as buffers to be joined once, and its size in bytes. Large
+    contiguous numeric outputs are a byte view of the array (no copy before the join)."""
     if dt.is_bytes:
         return serialize_bytes(bytes_items(arr), name, model_name)
     size = arr.nbytes
     if not size:
         return [], 0
-    if size <= _COPY_BELOW and dt.numpy.kind != "V":
-        # Small outputs: one copy is cheaper than exporting the array's buffer twice
-        # (arr.data, then bytes.join), which costs more than the bytes themselves.
-        return [arr.tobytes()], size
-    if arr.flags.c_contiguous and dt.numpy.kind != "V":
-        return [arr.data], size  # bytes.join reads any C-contiguous buffer
+    if dt.numpy.kind != "V":
+        if size <= _COPY_BELOW:
+            # Small outputs: one copy is cheaper than exporting the array's buffer twice
+            # (arr.data, then bytes.join), which costs more than the bytes themselves.
+            return [arr.tobytes()], size
+        if arr.flags.c_contiguous:
+            return [arr.data], size  # bytes.join reads any C-contiguous buffer
     # Non-contiguous arrays are copied once; ml_dtypes types (BF16) export no buffer
     # format, so they go out as a byte view.
     return [np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data], size

@@ -50,9 +50,9 @@ class NereidApp:
             method = scope["method"]
             path: str = scope["path"]
             if method == "POST" and path.endswith("/infer"):
-                match = _INFER_PATH.fullmatch(path)
-                if match is not None:
-                    await self.endpoints.infer(scope, receive, send, match.group(1), match.group(2))
+                route = self.match_infer(path)
+                if route is not None:
+                    await self.endpoints.infer(scope, receive, send, *route)
                     return
             elif method == "HEAD" or method == "OPTIONS":
                 # Triton answers only GET/POST (Starlette would serve HEAD for GET routes):

@@ -220,18 +220,20 @@ class Endpoints:
             entries.append(row)
         return json_response(entries)
 
-    def _control_allowed(self) -> NereidError | None:
+    def _control_refused(self, request: Request) -> Response | None:
+        """The error answer to a load/unload this server does not take (a named repository,
+        or a control mode other than explicit); None when it may go ahead."""
+        if "repo" in request.path_params:
+            return error_response(UnsupportedError("'repository_name' specification is not supported"))
         if self.manager.mode != "explicit":
             # Triton's text for both NONE and POLL mode (model_repository_manager.cc).
-            return UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+            return error_response(UnavailableError("explicit model load / unload is not allowed if polling is enabled"))
         return None
 
     async def repository_load(self, request: Request) -> Response:
-        if "repo" in request.path_params:
-            return error_response(UnsupportedError("'repository_name' specification is not supported"))
-        refused = self._control_allowed()
+        refused = self._control_refused(request)
         if refused is not None:
-            return error_response(refused)
+            return refused
         name = request.path_params["name"]
         try:
             check_model_name(name)  # before anything touches the filesystem
@@ -262,11 +264,9 @@ class Endpoints:
         return empty_response(200)
 
     async def repository_unload(self, request: Request) -> Response:
-        if "repo" in request.path_params:
-            return error_response(UnsupportedError("'repository_name' specification is not supported"))
-        refused = self._control_allowed()
+        refused = self._control_refused(request)
         if refused is not None:
-            return error_response(refused)
+            return refused
         name = request.path_params["name"]
         try:
             check_model_name(name)
@@ -329,7 +329,7 @@ class Endpoints:
         except Exception as exc:  # a bug must cost one request, not the connection
             shm.release()
             _log.exception("infer on model %r failed unexpectedly", name)
-            reply(*error_parts(InternalError(f"internal error in infer on model '{name}': {exc}")))
+            reply(*error_parts(_internal_error(name, exc)))
             return None
         call.reply = reply
         ticket.future.add_done_callback(call.answer)
@@ -354,6 +354,11 @@ class Endpoints:
             resolve_shm=shm.resolve,
         )
         return _InferCall(name, serving, request, model_codec, headers.accept_encoding, shm)
+
+
+def _internal_error(model: str, exc: BaseException) -> InternalError:
+    """A bug met while answering an infer request: it fails that request, not the server."""
+    return InternalError(f"internal error in infer on model '{model}': {exc}")
 
 
 #: ``reply(status, headers, body)``: how a callback-driven engine is handed an answer.
@@ -411,7 +416,7 @@ class _InferCall:
             elif isinstance(error, NereidError):
                 reply(*error_parts(error))
             else:
-                reply(*error_parts(InternalError(f"internal error in infer on model '{self.name}': {error}")))
+                reply(*error_parts(_internal_error(self.name, error)))
         except NereidError as exc:  # encoding the response failed
             reply(*error_parts(exc))
         finally:
