@@ -3,6 +3,7 @@ loopback port (a subprocess, started the way users start it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -38,6 +39,16 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def visible_gpu_ids() -> tuple[int, ...]:
+    """The GPUs the server sees: KIND_AUTO instances go there when there are any."""
+    if not _cuda_available():
+        return ()
+    import torch
+
+    return tuple(range(torch.cuda.device_count()))
 
 
 # -- repositories -------------------------------------------------------------------------

@@ -593,6 +593,8 @@ class ModelManager:
         instances: list[ModelInstance] = []
         model_class: ModelClass | None = None
         try:
+            if _may_want_gpus(source.config):
+                await self._probe_gpus()
             config = self._resolve_kinds(source.config, source.path / "config.toml")
             config_json = to_triton_json(config)
             samples = await asyncio.to_thread(
@@ -655,6 +657,13 @@ class ModelManager:
             self._gpu_count = _visible_gpus()
         return self._gpu_count
 
+    async def _probe_gpus(self) -> None:
+        """Count GPUs once, off the event loop: on a host with NVIDIA devices the first
+        count imports torch and initialises CUDA, which takes seconds (every request and
+        every other load would wait)."""
+        if self._gpu_count is None:
+            self._gpu_count = await asyncio.to_thread(_visible_gpus)
+
     def _resolve_kinds(self, config: ModelConfig, config_path: Path) -> ModelConfig:
         groups = config.instance_group or (InstanceGroup(name=config.name),)
         resolved: list[InstanceGroup] = []
@@ -706,6 +715,12 @@ async def _close_serving(serving: ServingModel) -> None:
     for instance in serving.instances:
         await instance.close()
     unload_model_module(serving.model_class)
+
+
+def _may_want_gpus(config: ModelConfig) -> bool:
+    """Whether placing this model's instances needs the GPU count (KIND_AUTO, the default
+    when there is no ``[[instance_group]]``, or KIND_GPU)."""
+    return not config.instance_group or any(group.kind != "KIND_CPU" for group in config.instance_group)
 
 
 def _visible_gpus() -> int:

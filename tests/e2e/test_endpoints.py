@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server
+from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server, visible_gpu_ids
 
 IDENTITY_CONFIG = """
 max_batch_size = {max_batch}
@@ -273,6 +273,7 @@ def config_output(name: str, dims: list[int], data_type: str = "TYPE_INT32") -> 
 def full_config(name: str, max_batch_size: int, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
                 **extra: Any) -> dict[str, Any]:
     """A config as Triton prints it after normalisation: every default present."""
+    gpus = list(visible_gpu_ids())
     config: dict[str, Any] = {
         "name": name, "platform": "", "backend": "python", "runtime": "",
         "version_policy": {"latest": {"num_versions": 1}},
@@ -281,8 +282,9 @@ def full_config(name: str, max_batch_size: int, inputs: list[dict[str, Any]], ou
         "optimization": {"priority": "PRIORITY_DEFAULT", "input_pinned_memory": {"enable": True},
                          "output_pinned_memory": {"enable": True}, "gather_kernel_buffer_threshold": 0,
                          "eager_batching": False},
-        "instance_group": [{"name": name, "kind": "KIND_CPU", "count": 1, "gpus": [], "secondary_devices": [],
-                            "profile": [], "passive": False, "host_policy": ""}],
+        # No [[instance_group]]: KIND_AUTO, placed on the GPUs when the host has any.
+        "instance_group": [{"name": name, "kind": "KIND_GPU" if gpus else "KIND_CPU", "count": 1, "gpus": gpus,
+                            "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
         "default_model_filename": "model.py", "cc_model_filenames": {}, "metric_tags": {}, "parameters": {},
         "model_warmup": [], "model_transaction_policy": {"decoupled": False},
     }

@@ -108,3 +108,50 @@ def test_unknown_model_is_a_clear_error() -> None:
     with examples() as server:
         with pytest.raises(nereid.ModelNotFoundError, match="Request for unknown model: 'nope' is not found"):
             server.infer("nope", {})
+
+
+AUTO = """
+max_batch_size = 4
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [1]
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [1]
+"""
+
+AUTO_MODEL = """
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+
+def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a GPU host the first count imports torch and initialises CUDA (4.5 s measured on
+    # an H100 host, during which no request was answered): it must run on a worker thread.
+    import threading
+
+    import nereid.model_manager
+
+    probed_on: list[threading.Thread] = []
+
+    def probe() -> int:
+        probed_on.append(threading.current_thread())
+        return 0
+
+    monkeypatch.setattr(nereid.model_manager, "_visible_gpus", probe)
+    repo.add("auto", AUTO, AUTO_MODEL)  # no [[instance_group]]: KIND_AUTO
+
+    async def main() -> tuple[threading.Thread, str]:
+        async with nereid.Server(repo.root) as server:
+            return threading.current_thread(), server.manager.get("auto").config.instance_group[0].kind
+
+    loop_thread, kind = asyncio.run(main())
+    assert kind == "KIND_CPU"
+    assert len(probed_on) == 1 and probed_on[0] is not loop_thread

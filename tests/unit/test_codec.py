@@ -1509,3 +1509,105 @@ def test_a_remembered_header_parses_a_new_body_exactly_like_a_fresh_parse(
     for _ in range(2):
         _outcome(body, header, warm)
     assert _outcome(other, header, warm) == _outcome(other, header, _twin(warm))
+
+
+# -- repeated answers (reply memo) ----------------------------------------------------------
+# The codec reuses the JSON header of an all-binary answer whose output names, dtypes and
+# shapes, request id, output selection and model version are those of an earlier answer.
+
+ANSWER_CONFIG = config(outputs=(("A", "FP32", (-1,)), ("B", "INT8", (-1,)), ("C", "BF16", (2,))), max_batch_size=4)
+
+
+def _answer(outputs: dict[str, np.ndarray], request: InferRequest, codec_: Any, version: int = 1) -> Any:
+    """A comparable summary of encoding: the error, or the body and headers."""
+    try:
+        body, headers = codec.encode_infer_response(InferResult("m", version, outputs, ""), request, codec_)
+    except NereidError as exc:
+        return (type(exc), exc.message)
+    return body, headers
+
+
+def test_a_repeated_answer_carries_each_new_value_and_shape() -> None:
+    memo = codec.ModelCodec.for_config(ANSWER_CONFIG)
+    request = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
+    answers = [
+        {"A": np.full((1, 3), value, np.float32), "B": np.full((1, n), value, np.int8)}
+        for value, n in [(1, 2), (2, 2), (3, 2), (4, 5), (5, 2)]
+    ]
+    for outputs in answers:
+        body, headers = _answer(outputs, request, memo)
+        assert (body, headers) == _answer(outputs, request, codec.ModelCodec.for_config(ANSWER_CONFIG))
+        decoded = client_result(body, dict(headers))
+        np.testing.assert_array_equal(decoded.as_numpy("A"), outputs["A"])
+        np.testing.assert_array_equal(decoded.as_numpy("B"), outputs["B"])
+    assert len(memo.replies) == 2  # one header per (dtype, shape) combination seen
+
+
+def test_a_remembered_header_is_not_used_for_another_id_version_or_selection() -> None:
+    memo = codec.ModelCodec.for_config(ANSWER_CONFIG)
+    outputs = {"A": np.ones((1, 2), np.float32), "B": np.ones((1, 2), np.int8)}
+    plain = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
+    with_id = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True, id="r7")
+    only_b = InferRequest(
+        model_name="m", inputs={}, rows=1, outputs=(RequestedOutput("B", binary_data=True),)
+    )
+    only_b_again = InferRequest(
+        model_name="m", inputs={}, rows=1, outputs=(RequestedOutput("B", binary_data=True),)
+    )
+    as_json = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=False)
+    for _ in range(2):
+        for request in (plain, with_id, only_b, only_b_again, as_json):
+            for version in (1, 2):
+                fresh = codec.ModelCodec.for_config(ANSWER_CONFIG)
+                assert _answer(outputs, request, memo, version) == _answer(outputs, request, fresh, version)
+    body, headers = _answer(outputs, with_id, memo)
+    assert json.loads(body[: int(dict(headers)[b"inference-header-content-length"])])["id"] == "r7"
+
+
+def test_converted_or_json_or_classified_outputs_are_not_remembered() -> None:
+    memo = codec.ModelCodec.for_config(ANSWER_CONFIG)
+    binary = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
+    classified = InferRequest(
+        model_name="m", inputs={}, rows=1, outputs=(RequestedOutput("A", binary_data=True, classification=1),)
+    )
+    as_json = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=False)
+    for _ in range(3):
+        _answer({"A": np.ones((1, 2), np.float64)}, binary, memo)  # converted to FP32
+        _answer({"A": np.ones((1, 2), np.float32)}, classified, memo)
+        _answer({"A": [[1.0, 2.0]]}, binary, memo)  # not an array
+        _answer({"A": np.ones((1, 2), np.float32)}, as_json, memo)
+    assert memo.replies == {}
+
+
+@st.composite
+def answer_cases(draw: st.DrawFn) -> tuple[dict[str, np.ndarray], InferRequest]:
+    names = draw(st.lists(st.sampled_from(["A", "B", "C"]), min_size=1, max_size=3, unique=True))
+    wires = {"A": "FP32", "B": "INT8", "C": "BF16"}
+    outputs = {}
+    for name in names:
+        wire = draw(st.sampled_from([wires[name], "FP64"])) if name != "C" else "BF16"
+        shape = (draw(st.integers(1, 2)), 2 if name == "C" else draw(st.integers(0, 3)))
+        outputs[name] = sample(wire, shape, draw(st.integers(0, 9)))
+    requested = None
+    if draw(st.booleans()):
+        chosen = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+        requested = tuple(RequestedOutput(n, binary_data=draw(st.booleans())) for n in chosen)
+    request = InferRequest(
+        model_name="m", inputs={}, rows=1, outputs=requested, binary_data_output=draw(st.booleans()),
+        id=draw(st.sampled_from(["", "x"])),
+    )
+    return outputs, request
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases=st.lists(answer_cases(), min_size=1, max_size=6), repeats=st.integers(1, 3))
+def test_remembered_answers_encode_exactly_like_fresh_ones(
+    cases: list[tuple[dict[str, np.ndarray], InferRequest]], repeats: int
+) -> None:
+    memo = codec.ModelCodec.for_config(ANSWER_CONFIG)
+    for repeat in range(repeats + 1):
+        for outputs, request in cases:
+            if repeat == repeats:  # the same dtypes and shapes, other values
+                outputs = {name: value[..., ::-1].copy() + value for name, value in outputs.items()}
+            fresh = codec.ModelCodec.for_config(ANSWER_CONFIG)
+            assert _answer(outputs, request, memo) == _answer(outputs, request, fresh)

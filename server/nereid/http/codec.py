@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 from numpy.typing import NDArray
 
@@ -194,6 +195,8 @@ class ModelCodec:
     plans: dict[tuple[bytes, int, int], _Plan]
     #: keys parsed once, not yet planned.
     seen: set[tuple[bytes, int, int]]
+    #: response JSON headers of recent all-binary answers (see _Reply), by _reply_key.
+    replies: dict[tuple[Any, ...], _Reply]
 
     @classmethod
     def for_config(cls, config: ModelConfig) -> ModelCodec:
@@ -208,6 +211,7 @@ class ModelCodec:
             requested={},
             plans={},
             seen=set(),
+            replies={},
         )
 
 
@@ -234,6 +238,23 @@ class _Plan:
     checks: tuple[_tensors.WireInput, ...]
     #: names in request order, when it differs from ``checks``.
     order: tuple[str, ...] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reply:
+    """The JSON header of a response whose outputs all go out as binary blobs.
+
+    It depends only on the request's output selection, its id, the model version and
+    each output's name, dtype and shape, never on the values: an answer with the same
+    of all of those (every answer of a steady client) reuses it and only copies its
+    blobs. ``requested`` is the very ``request.outputs`` object it was built for (the key
+    holds its id, which is only meaningful while that object lives)."""
+
+    requested: tuple[RequestedOutput, ...] | None
+    header: bytes
+    header_length: bytes
+    #: the outputs sent, in order, with their datatypes.
+    sent: tuple[tuple[str, DataType], ...]
 
 
 def _spec_for(config: ModelConfig | ModelCodec) -> ModelCodec:
@@ -1006,6 +1027,15 @@ def _encode(
     config = spec.config
     model_name = request.model_name
     produced = result.outputs
+    response_id = request.id or result.id
+    key = None if result.parameters else _reply_key(request, result, response_id)
+    if key is not None:
+        known = spec.replies.get(key)
+        if known is not None and known.requested is request.outputs:
+            blobs: list[Any] = []
+            for name, dt in known.sent:
+                blobs.extend(_tensors.binary_blob(produced[name], dt, name, model_name)[0])
+            return _finish(known.header, known.header_length, blobs, accept_encoding)
     wanted: dict[str, RequestedOutput] | None = None
     if request.outputs is not None:
         wanted = {out.name: out for out in request.outputs}
@@ -1019,7 +1049,10 @@ def _encode(
     entries: list[dict[str, Any]] = []
     raw_data: list[bytes | None] = []
     spliced = False
-    blobs: list[Any] = []
+    blobs = []
+    # Whether the header may be reused for answers with the same key (see _Reply).
+    reusable = key is not None
+    sent: list[tuple[str, DataType]] = []
     for name, value in produced.items():
         requested = None
         if wanted is not None:
@@ -1034,8 +1067,11 @@ def _encode(
                 entries.append({"name": name, "datatype": dt.wire_name, "shape": list(arr.shape)})
                 raw_data.append(None)
                 _write_shm_output(name, arr, dt, requested, model_name, write_shm)
+                reusable = False
                 continue
             binary, classes = requested.binary_data, requested.classification
+        if classes or not binary or arr is not value or dt.is_bytes:
+            reusable = False
         if classes:
             label_list = labels.get(name) if labels is not None else None
             elements, class_shape = _tensors.classify(arr, dt, classes, spec.batching, label_list)
@@ -1047,6 +1083,7 @@ def _encode(
             pieces, size = _tensors.binary_blob(arr, dt, name, model_name)
             blobs.extend(pieces)
             entry["parameters"] = {"binary_data_size": size}
+            sent.append((name, dt))
         else:
             if not dt.json_allowed:
                 raise InvalidInputError(
@@ -1063,7 +1100,6 @@ def _encode(
         raw_data.append(raw)
 
     head: dict[str, Any] = {}
-    response_id = request.id or result.id
     if response_id:
         head["id"] = response_id
     head["model_name"] = result.model_name
@@ -1075,10 +1111,35 @@ def _encode(
     else:
         head["outputs"] = entries
         header = orjson.dumps(head, option=_NUMPY_OPTION)
+    header_length = str(len(header)).encode()
+    if reusable:
+        if len(spec.replies) >= _PLAN_CACHE_SIZE:
+            spec.replies.clear()  # answers of ever-changing shapes must not pile up
+        assert key is not None
+        spec.replies[key] = _Reply(request.outputs, header, header_length, tuple(sent))
+    return _finish(header, header_length, blobs, accept_encoding)
 
+
+def _reply_key(request: InferRequest, result: InferResult, response_id: str) -> tuple[Any, ...] | None:
+    """What a response's JSON header depends on, when every output is a numpy array."""
+    key: list[Any] = [
+        id(request.outputs), request.binary_data_output, response_id, result.model_name, result.model_version
+    ]
+    for name, value in result.outputs.items():
+        if type(value) is not np.ndarray:
+            return None
+        key.append((name, value.dtype, value.shape))
+    return tuple(key)
+
+
+def _finish(
+    header: bytes, header_length: bytes, blobs: list[Any], accept_encoding: str | None
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The response body (JSON header, then the blobs) and its headers, compressed when
+    ``accept_encoding`` selects gzip or deflate."""
     headers: list[tuple[bytes, bytes]]
     if blobs:
-        headers = [_CT_BINARY, (_IHCL, str(len(header)).encode())]
+        headers = [_CT_BINARY, (_IHCL, header_length)]
         parts = [header, *blobs]
     else:
         headers = [_CT_JSON]
