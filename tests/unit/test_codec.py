@@ -32,7 +32,7 @@ from nereid.errors import (
     NereidError,
     UnsupportedError,
 )
-from nereid.http import codec
+from nereid.http import codec, infer_response
 from nereid.inference import InferRequest, InferResult, RequestedOutput
 from tritonclient.http import InferInput, InferRequestedOutput  # type: ignore[import-untyped]
 from tritonclient.http import InferResult as ClientResult
@@ -136,7 +136,7 @@ def encode(
     **kwargs: Any,
 ) -> tuple[bytes, dict[bytes, bytes]]:
     result = InferResult("m", 1, outputs, request.id)
-    body, headers = codec.encode_infer_response(result, request, cfg, **kwargs)
+    body, headers = infer_response.encode_infer_response(result, request, cfg, **kwargs)
     as_dict = dict(headers)
     assert len(as_dict) == len(headers), "a header was sent twice"
     return body, as_dict
@@ -458,7 +458,7 @@ def test_request_id_is_echoed_and_an_empty_id_is_omitted() -> None:
 def test_response_parameters_come_between_version_and_outputs() -> None:
     request = parse_json({"inputs": [fp32_input(binary=False)]})
     result = InferResult("m", 3, {"OUTPUT0": np.zeros((1, 16), np.float32)}, parameters={"k": "v"})
-    body, _ = codec.encode_infer_response(result, request, IDENTITY)
+    body, _ = infer_response.encode_infer_response(result, request, IDENTITY)
     assert body.startswith(b'{"model_name":"m","model_version":"3","parameters":{"k":"v"},"outputs":[')
 
 
@@ -589,7 +589,7 @@ def test_empty_compressed_body_is_a_400() -> None:
     ],
 )
 def test_accept_encoding_follows_tritons_rules(value: str | None, chosen: str | None) -> None:
-    assert codec.parse_accept_encoding(value) == chosen
+    assert infer_response.parse_accept_encoding(value) == chosen
 
 
 @pytest.mark.parametrize(
@@ -1521,7 +1521,7 @@ ANSWER_CONFIG = config(outputs=(("A", "FP32", (-1,)), ("B", "INT8", (-1,)), ("C"
 def _answer(outputs: dict[str, np.ndarray], request: InferRequest, codec_: Any, version: int = 1) -> Any:
     """A comparable summary of encoding: the error, or the body and headers."""
     try:
-        body, headers = codec.encode_infer_response(InferResult("m", version, outputs, ""), request, codec_)
+        body, headers = infer_response.encode_infer_response(InferResult("m", version, outputs, ""), request, codec_)
     except NereidError as exc:
         return (type(exc), exc.message)
     return body, headers

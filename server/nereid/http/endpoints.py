@@ -28,7 +28,7 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.http import codec
+from nereid.http import codec, infer_response
 from nereid.http._asgi import ClientGone, error_parts, read_body, send_error
 from nereid.http.errors import error_json, status_for
 from nereid.inference import InferResult
@@ -425,7 +425,7 @@ class _InferCall:
     def respond(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         serving = self.serving
         result = InferResult(self.name, serving.version, outputs, self.request.id)
-        payload, headers = codec.encode_infer_response(
+        payload, headers = infer_response.encode_infer_response(
             result, self.request, self.codec, accept_encoding=self.accept_encoding, labels=serving.labels,
             write_shm=self.shm.write,
         )
