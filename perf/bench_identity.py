@@ -40,6 +40,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PERF_ANALYZER = REPO / "perf" / "perf_analyzer"
@@ -99,6 +100,12 @@ def free_port() -> int:
 # servers
 
 
+#: Popen arguments that start a child in a process group of its own (same session).
+_OWN_PROCESS_GROUP: dict[str, Any] = (
+    {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+)
+
+
 class Server:
     """A server process in its own process group, serving the identity model over HTTP."""
 
@@ -117,16 +124,24 @@ class Server:
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self, timeout: float) -> None:
+    def start(self, timeout: float, own_session: bool = False) -> None:
+        """Start the server and wait until it is ready. It gets a process group of its own
+        (so stop() reaches its children) in the benchmark's session, unless
+        ``own_session``: with Linux's autogroup scheduling (on by default) each session is
+        one CPU-share group, so a server in a session of its own gets about half of the
+        two cores against perf_analyzer whatever either needs, as when both are started
+        from separate terminals. Real Triton's runs at concurrency 64 stall for minutes
+        that way here."""
         cmd = self.command()
         log(f"starting {self.name}: {' '.join(cmd)}")
         self._log_file = open(self.log_path, "wb")
+        grouping: dict[str, Any] = {"start_new_session": True} if own_session else _OWN_PROCESS_GROUP
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() reaches its children
+            **grouping,
         )
         deadline = time.monotonic() + timeout
         ready_url = f"http://{self.url}/v2/health/ready"
@@ -466,6 +481,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--triton-repo", default=str(TRITON_REPO),
                    help="Triton-format repository holding identity/")
     p.add_argument("--perf-analyzer", default=str(PERF_ANALYZER), help="perf_analyzer to run")
+    p.add_argument("--own-session", action="store_true",
+                   help="start each server in a session of its own (its own autogroup CPU share; "
+                        "see Server.start)")
     p.add_argument("--pa-arg", action="append", default=[],
                    help="extra argument for perf_analyzer (repeatable, e.g. --pa-arg=--async)")
     p.add_argument("--start-timeout", type=float, default=120, help="seconds to become ready")
@@ -519,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         for s in servers:
-            s.start(args.start_timeout)
+            s.start(args.start_timeout, args.own_session)
         log(f"perf_analyzer: {(check.stdout + check.stderr).strip()}; levels {args.levels}; "
             f"{args.repeats} repeat(s); window {args.measurement_interval} ms; work dir {work}")
         for rep in range(args.repeats):
