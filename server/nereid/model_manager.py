@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import glob
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +19,9 @@ import numpy as np
 
 from nereid.batcher import DynamicBatcher, Ticket
 from nereid.config import to_triton_json
-from nereid.config.schema import InstanceGroup, ModelConfig
+from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
+from nereid.devices import GpuInventory, placements, resolve_instance_groups
 from nereid.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -201,7 +200,7 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
-        self._gpu_count: int | None = None
+        self._gpus = GpuInventory()
         # Model constructors run one at a time (each on its instance's own thread): user
         # __init__ code imports libraries, and some (transformers' lazy modules) are not
         # safe to import from two threads at once. Loading stays off the event loop.
@@ -593,15 +592,13 @@ class ModelManager:
         instances: list[ModelInstance] = []
         model_class: ModelClass | None = None
         try:
-            if _may_want_gpus(source.config):
-                await self._probe_gpus()
-            config = self._resolve_kinds(source.config, source.path / "config.toml")
+            config = await resolve_instance_groups(source.config, source.path / "config.toml", self._gpus)
             config_json = to_triton_json(config)
             samples = await asyncio.to_thread(
                 build_samples, config, source.path, model_version=version.version
             )
             model_class = await asyncio.to_thread(load_model_class, version.model_file, name)
-            for index, (_, device) in enumerate(self._placements(config)):
+            for index, (_, device) in enumerate(placements(config)):
                 context = ModelContext(
                     model_name=name,
                     model_version=version.version,
@@ -649,59 +646,6 @@ class ModelManager:
         else:
             self._latest.pop(record.name, None)
 
-    # -- devices -----------------------------------------------------------------------
-
-    def gpu_count(self) -> int:
-        """GPUs torch can see; 0 without importing torch when no NVIDIA device node exists."""
-        if self._gpu_count is None:
-            self._gpu_count = _visible_gpus()
-        return self._gpu_count
-
-    async def _probe_gpus(self) -> None:
-        """Count GPUs once, off the event loop: on a host with NVIDIA devices the first
-        count imports torch and initialises CUDA, which takes seconds (every request and
-        every other load would wait)."""
-        if self._gpu_count is None:
-            self._gpu_count = await asyncio.to_thread(_visible_gpus)
-
-    def _resolve_kinds(self, config: ModelConfig, config_path: Path) -> ModelConfig:
-        groups = config.instance_group or (InstanceGroup(name=config.name),)
-        resolved: list[InstanceGroup] = []
-        for index, group in enumerate(groups):
-            kind = group.kind
-            if kind == "KIND_AUTO":
-                kind = "KIND_GPU" if self.gpu_count() > 0 else "KIND_CPU"
-            if kind == "KIND_GPU":
-                gpus = self.gpu_count()
-                if gpus == 0:
-                    raise ModelLoadError(
-                        config.name,
-                        f"{config_path}: instance_group[{index}].kind: KIND_GPU requested but no GPU is visible "
-                        "(torch.cuda.is_available() is False)",
-                    )
-                for gpu in group.gpus:
-                    if gpu >= gpus:
-                        raise ModelLoadError(
-                            config.name,
-                            f"{config_path}: instance_group[{index}].gpus: GPU {gpu} does not exist "
-                            f"(visible GPUs: {list(range(gpus))})",
-                        )
-                if not group.gpus:
-                    group = dataclasses.replace(group, gpus=tuple(range(gpus)))
-            resolved.append(dataclasses.replace(group, kind=kind, name=group.name or config.name))
-        return dataclasses.replace(config, instance_group=tuple(resolved))
-
-    @staticmethod
-    def _placements(config: ModelConfig) -> list[tuple[InstanceGroup, str]]:
-        placements: list[tuple[InstanceGroup, str]] = []
-        for group in config.instance_group:
-            if group.kind == "KIND_GPU":
-                for gpu in group.gpus:
-                    placements.extend((group, f"cuda:{gpu}") for _ in range(group.count))
-            else:
-                placements.extend((group, "cpu") for _ in range(group.count))
-        return placements
-
 
 def _kept_serving(reason: str) -> str:
     return f"reload failed, the previous load keeps serving: {reason}"
@@ -715,25 +659,6 @@ async def _close_serving(serving: ServingModel) -> None:
     for instance in serving.instances:
         await instance.close()
     unload_model_module(serving.model_class)
-
-
-def _may_want_gpus(config: ModelConfig) -> bool:
-    """Whether placing this model's instances needs the GPU count (KIND_AUTO, the default
-    when there is no ``[[instance_group]]``, or KIND_GPU)."""
-    return not config.instance_group or any(group.kind != "KIND_CPU" for group in config.instance_group)
-
-
-def _visible_gpus() -> int:
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        return 0
-    try:
-        import torch
-    except ImportError:
-        return 0
-    try:
-        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver counts as no GPU
-        return 0
 
 
 def _load_labels(config: ModelConfig, version_dir: Path, model_dir: Path) -> dict[str, list[str]]:

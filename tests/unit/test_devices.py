@@ -1,0 +1,73 @@
+"""Instance groups made concrete: KIND_AUTO/KIND_GPU/KIND_CPU and one device per instance,
+with the GPU count stood in (so the GPU rules are checked on any host)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import nereid.devices
+from nereid.config.schema import InstanceGroup, ModelConfig
+from nereid.devices import GpuInventory, placements, resolve_instance_groups
+from nereid.errors import ModelLoadError
+
+CONFIG_PATH = Path("/models/m/config.toml")
+
+
+def config(*groups: InstanceGroup) -> ModelConfig:
+    return ModelConfig(name="m", instance_group=groups)
+
+
+def resolve(cfg: ModelConfig, visible: int, monkeypatch: pytest.MonkeyPatch) -> tuple[ModelConfig, int]:
+    """The resolved config, and how many times the GPUs were counted."""
+    probes = []
+
+    def probe() -> int:
+        probes.append(1)
+        return visible
+
+    monkeypatch.setattr(nereid.devices, "_visible_gpus", probe)
+    return asyncio.run(resolve_instance_groups(cfg, CONFIG_PATH, GpuInventory())), len(probes)
+
+
+def test_no_instance_group_is_one_instance_on_every_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved, probes = resolve(config(), 2, monkeypatch)
+    assert resolved.instance_group == (InstanceGroup(name="m", kind="KIND_GPU", count=1, gpus=(0, 1)),)
+    assert placements(resolved) == [(resolved.instance_group[0], "cuda:0"), (resolved.instance_group[0], "cuda:1")]
+    assert probes == 1
+
+
+def test_kind_auto_without_a_gpu_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved, _ = resolve(config(InstanceGroup(kind="KIND_AUTO", count=3)), 0, monkeypatch)
+    group = resolved.instance_group[0]
+    assert (group.kind, group.gpus, group.name) == ("KIND_CPU", (), "m")
+    assert [device for _, device in placements(resolved)] == ["cpu"] * 3
+
+
+def test_kind_gpu_places_count_instances_on_each_listed_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved, _ = resolve(config(InstanceGroup(name="g", kind="KIND_GPU", count=2, gpus=(1,))), 2, monkeypatch)
+    assert [device for _, device in placements(resolved)] == ["cuda:1", "cuda:1"]
+
+
+def test_cpu_only_configs_never_count_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, probes = resolve(config(InstanceGroup(kind="KIND_CPU", count=2)), 1, monkeypatch)
+    assert probes == 0
+
+
+def test_kind_gpu_without_a_gpu_fails_naming_the_file_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelLoadError) as raised:
+        resolve(config(InstanceGroup(kind="KIND_CPU"), InstanceGroup(kind="KIND_GPU")), 0, monkeypatch)
+    assert raised.value.message == (
+        f"{CONFIG_PATH}: instance_group[1].kind: KIND_GPU requested but no GPU is visible "
+        "(torch.cuda.is_available() is False)"
+    )
+
+
+def test_a_gpu_index_beyond_the_visible_ones_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelLoadError) as raised:
+        resolve(config(InstanceGroup(kind="KIND_GPU", gpus=(0, 2))), 2, monkeypatch)
+    assert raised.value.message == (
+        f"{CONFIG_PATH}: instance_group[0].gpus: GPU 2 does not exist (visible GPUs: [0, 1])"
+    )
