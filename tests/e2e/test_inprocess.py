@@ -122,16 +122,6 @@ data_type = "TYPE_FP32"
 dims = [1]
 """
 
-AUTO_MODEL = """
-class Model:
-    def __init__(self, context):
-        pass
-
-    def infer(self, inputs):
-        return {"OUTPUT0": inputs["INPUT0"]}
-"""
-
-
 def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pytest.MonkeyPatch) -> None:
     # On a GPU host the first count imports torch and initialises CUDA (4.5 s measured on
     # an H100 host, during which no request was answered): it must run on a worker thread.
@@ -146,7 +136,7 @@ def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pyt
         return 0
 
     monkeypatch.setattr(nereid.devices, "_visible_gpus", probe)
-    repo.add("auto", AUTO, AUTO_MODEL)  # no [[instance_group]]: KIND_AUTO
+    repo.add("auto", AUTO)  # identity model; no [[instance_group]]: KIND_AUTO
 
     async def main() -> tuple[threading.Thread, str]:
         async with nereid.Server(repo.root) as server:
