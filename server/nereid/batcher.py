@@ -30,7 +30,7 @@ from nereid.inference import InferRequest
 from nereid.request_queue import QueuedRequest, RequestQueue
 from nereid.stats import ModelStats
 
-__all__ = ["DynamicBatcher", "Instance", "Outcome", "Ticket"]
+__all__ = ["DynamicBatcher", "Instance", "OnAnswer", "Outcome", "Ticket"]
 
 _log = logging.getLogger("nereid")
 
@@ -169,13 +169,52 @@ class _Stream:
         return await self._queue.get()
 
 
+#: ``on_answer(result, error)``: how ``DynamicBatcher.submit`` answers a callback caller.
+OnAnswer = Callable[[Any, "BaseException | None"], None]
+
+
+class _Callback:
+    """The answer slot of a payload submitted with ``on_answer``: quacks like the future
+    the batcher otherwise resolves (``done``, ``set_result``, ``set_exception``,
+    ``cancel``) but calls ``on_answer`` at once. A failing ``on_answer`` is logged: it
+    must not stop the batch that answers the other requests."""
+
+    __slots__ = ("_done", "_on_answer")
+
+    def __init__(self, on_answer: OnAnswer) -> None:
+        self._on_answer = on_answer
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(None, error)
+
+    def cancel(self) -> None:
+        self._finish(None, asyncio.CancelledError())
+
+    def _finish(self, result: Any, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._on_answer(result, error)
+        except Exception:  # noqa: BLE001 - one caller's failure must not fail its batch mates
+            _log.exception("answering a request failed")
+
+
 class Ticket:
-    """One submitted payload: ``future`` gets its result; ``withdraw()`` when its caller
-    no longer wants it (it leaves the queue unexecuted, counted as CANCELED)."""
+    """One submitted payload: ``future`` gets its result (for ``submit`` with
+    ``on_answer``: an object that calls it); ``withdraw()`` when its caller no longer
+    wants it (it leaves the queue unexecuted, counted as CANCELED)."""
 
     __slots__ = ("future", "item", "_batcher")
 
-    def __init__(self, future: asyncio.Future[Any], item: QueuedRequest, batcher: DynamicBatcher) -> None:
+    def __init__(self, future: Any, item: QueuedRequest, batcher: DynamicBatcher) -> None:
         self.future = future
         self.item = item
         self._batcher = batcher
@@ -329,13 +368,20 @@ class DynamicBatcher:
             ticket.withdraw()
             raise
 
-    def submit(self, payload: Any, received_ns: int | None = None) -> Ticket:
-        """Queue one payload without waiting: the ticket's future gets the result (or the
-        error ``infer`` would raise). For callers that answer from a callback instead of a
-        coroutine (the native HTTP engine). Raises what ``infer`` raises before queueing."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        item, _ = self._enqueue(payload, future, received_ns)
-        return Ticket(future, item, self)
+    def submit(
+        self, payload: Any, received_ns: int | None = None, on_answer: OnAnswer | None = None
+    ) -> Ticket:
+        """Queue one payload without waiting. Raises what ``infer`` raises before queueing.
+
+        Without ``on_answer`` the ticket's future gets the result (or the error ``infer``
+        would raise). With it, ``on_answer(result, error)`` is called once instead, on the
+        loop, straight from the batch that answers it (``error`` is None on success, a
+        CancelledError when withdrawn): no Future and no scheduled callback per request,
+        and the batch's answers go out before its worker forms the next batch. For
+        callers that answer from a callback (the native HTTP engine)."""
+        answer: Any = _Callback(on_answer) if on_answer is not None else asyncio.get_running_loop().create_future()
+        item, _ = self._enqueue(payload, answer, received_ns)
+        return Ticket(answer, item, self)
 
     def _withdraw(self, ticket: Ticket) -> None:
         ticket.future.cancel()

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 import numpy as np
 
-from nereid.batcher import DynamicBatcher, Ticket
+from nereid.batcher import DynamicBatcher, OnAnswer, Ticket
 from nereid.config import to_triton_json
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
@@ -109,10 +109,11 @@ class ServingModel:
         outputs: dict[str, np.ndarray] = await self._current().batcher.infer(request, received_ns)
         return outputs
 
-    def submit(self, request: InferRequest, received_ns: int | None = None) -> Ticket:
-        """Queue one request without waiting (``infer`` for callback-driven callers): the
-        ticket's future gets the outputs; ``ticket.withdraw()`` if the caller goes away."""
-        return self._current().batcher.submit(request, received_ns)
+    def submit(self, request: InferRequest, received_ns: int | None, on_answer: OnAnswer) -> Ticket:
+        """Queue one request without waiting (``infer`` for callback-driven callers):
+        ``on_answer(outputs, error)`` is called once with its answer (``DynamicBatcher.submit``);
+        ``ticket.withdraw()`` if the caller goes away."""
+        return self._current().batcher.submit(request, received_ns, on_answer)
 
     def _current(self) -> ServingModel:
         serving = self

@@ -287,3 +287,91 @@ def test_preserve_ordering_holds_a_later_response_until_earlier_ones_are_answere
 
     assert run(scenario(False)) == (True, [2, 4])
     assert run(scenario(True)) == (False, [2, 4])
+
+
+def test_submit_with_on_answer_calls_it_once_per_request_from_the_batch() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate, poison=None)
+        answers: list[tuple[Any, Any]] = []
+        seen_when_next_batch_formed: list[int] = []
+        original = instance.run_batch
+
+        async def recording_run_batch(items: Sequence[Any]) -> Outcome:
+            seen_when_next_batch_formed.append(len(answers))
+            return await original(items)
+
+        instance.run_batch = recording_run_batch  # type: ignore[method-assign]
+        async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
+            first = batcher.submit(1, None, lambda result, error: answers.append((result, error)))
+            await asyncio.sleep(0.01)  # running, held at the gate
+            for item in (2, 3):
+                batcher.submit(item, None, lambda result, error: answers.append((result, error)))
+            gate.set()
+            while len(answers) < 3:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
+        assert answers == [(2, None), (4, None), (6, None)]
+        assert first.future.done()
+        # The first batch's answer was given before the second batch was formed.
+        assert seen_when_next_batch_formed == [0, 1]
+
+    run(scenario())
+
+
+def test_submit_with_on_answer_reports_errors_and_withdrawal() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate, poison=99)
+        answers: dict[int, tuple[Any, Any]] = {}
+
+        def on(item: int) -> Any:
+            return lambda result, error: answers.setdefault(item, (result, error))
+
+        async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
+            batcher.submit(0, None, on(0))
+            await asyncio.sleep(0.01)
+            withdrawn = batcher.submit(5, None, on(5))
+            batcher.submit(99, None, on(99))
+            withdrawn.withdraw()
+            withdrawn.withdraw()  # twice: still answered once
+            gate.set()
+            while len(answers) < 3:
+                await asyncio.sleep(0.001)
+        assert answers[0] == (0, None)
+        assert answers[5][0] is None and isinstance(answers[5][1], asyncio.CancelledError)
+        assert answers[99][0] is None and isinstance(answers[99][1], ModelExecutionError)
+        assert all(5 not in batch for batch in instance.batches)
+        assert batcher.stats.failures_by_reason["CANCELED"] == 1
+        assert batcher.stats.failures_by_reason["BACKEND"] == 1
+
+    run(scenario())
+
+
+def test_a_failing_on_answer_does_not_stop_its_batch_mates(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> tuple[list[Any], list[list[Any]]]:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        answers: list[Any] = []
+
+        def broken(result: Any, error: Any) -> None:
+            raise RuntimeError("the client's reply failed")
+
+        async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
+            running = batcher.infer(0)
+            held = asyncio.ensure_future(running)
+            await asyncio.sleep(0.01)  # the first batch waits at the gate: the next four queue
+            batcher.submit(1, None, broken)
+            for item in (2, 3, 4):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            gate.set()
+            await held
+            while len(answers) < 3:
+                await asyncio.sleep(0.001)
+            answers.append(await batcher.infer(5))  # the batcher still serves
+        return answers, instance.batches
+
+    answers, batches = run(scenario())
+    assert answers == [4, 6, 8, 10]
+    assert batches[1] == [1, 2, 3, 4]
+    assert "answering a request failed" in caplog.text

@@ -321,7 +321,8 @@ class Endpoints:
         shm = self._shm.lease()
         try:
             call = self._parse_infer(name, version_text, headers, body, shm)
-            ticket = call.serving.submit(call.request, received_ns)
+            call.reply = reply
+            ticket = call.serving.submit(call.request, received_ns, call.answer)
         except NereidError as exc:
             shm.release()
             reply(*error_parts(exc))
@@ -331,8 +332,6 @@ class Endpoints:
             _log.exception("infer on model %r failed unexpectedly", name)
             reply(*error_parts(_internal_error(name, exc)))
             return None
-        call.reply = reply
-        ticket.future.add_done_callback(call.answer)
         return ticket
 
     def _parse_infer(
@@ -402,17 +401,16 @@ class _InferCall:
         self.shm = shm
         self.reply: Reply | None = None  # set for a callback-driven engine (start_infer)
 
-    def answer(self, future: asyncio.Future[Any]) -> None:
-        """The done-callback of a submitted request: ``reply`` with its response, or with
-        its error; nothing when it was withdrawn (the client is gone)."""
+    def answer(self, outputs: Any, error: BaseException | None) -> None:
+        """The answer of a submitted request: ``reply`` with its response, or with its
+        error; nothing when it was withdrawn (the client is gone)."""
         reply = self.reply
         assert reply is not None
         try:
-            if future.cancelled():
-                return
-            error = future.exception()
             if error is None:
-                reply(*self.respond(future.result()))
+                reply(*self.respond(outputs))
+            elif isinstance(error, asyncio.CancelledError):
+                return
             elif isinstance(error, NereidError):
                 reply(*error_parts(error))
             else:

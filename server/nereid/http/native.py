@@ -3,7 +3,7 @@
 Owns connections and HTTP/1.1 framing (keep-alive, pipelining in order, Expect:
 100-continue, Content-Length or chunked responses, the request size limit, graceful
 shutdown). Infer requests go from the parser straight to ``Endpoints.start_infer`` and
-back as one socket write, with no ASGI messages, task or coroutine per request; every
+back as one socket write, with no ASGI messages, task, coroutine or Future per request; every
 other request, and the lifespan, goes to the ASGI app through ``asgi_bridge``.
 
 Why it exists: on the identity benchmark the ASGI layer (scope, messages, a task per
