@@ -280,3 +280,111 @@ def test_a_refused_body_followed_by_pipelined_requests_gets_one_answer_and_a_clo
         assert "Traceback" not in server.log() and "Error" not in server.log(), server.log()
     finally:
         server.stop()
+
+
+# -- the repeated request head (a connection answers repeats without its parser) -------------
+
+
+def binary_infer(values: list[float], extra: bytes = b"") -> bytes:
+    """A binary-data infer request of the identity model: same head for every 4 values."""
+    header = json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }).encode()
+    body = header + np.asarray(values, dtype=np.float32).tobytes()
+    return post("/v2/models/identity/infer", body, b"Inference-Header-Content-Length: %d\r\n" % len(header) + extra)
+
+
+def echoed(response: tuple[int, dict[str, str], bytes]) -> list[float]:
+    status, headers, body = response
+    assert status == 200, body
+    if "inference-header-content-length" not in headers:  # a JSON answer
+        return [float(x) for x in json.loads(body)["outputs"][0]["data"]]
+    blob = body[int(headers["inference-header-content-length"]):]
+    return np.frombuffer(blob, dtype=np.float32).tolist()
+
+
+def test_repeated_heads_each_get_their_own_body(server: RunningServer) -> None:
+    with connect(server) as sock:
+        for index in range(20):  # one request per write: the first teaches the head
+            sock.sendall(binary_infer([index, index + 1, index + 2, index + 3]))
+            assert echoed(read_responses(sock, 1)[0]) == [index, index + 1, index + 2, index + 3]
+
+
+def test_repeats_mixed_with_other_requests_split_anywhere_are_answered_in_order(server: RunningServer) -> None:
+    requests = [binary_infer([k, k, k, k]) for k in range(6)]
+    other = post("/v2/models/identity/infer", BODY)  # a JSON request: a different head
+    longer = binary_infer([9, 9, 9, 9], b"X-Trace: 1\r\n")  # one more header
+    stream = requests[0] + requests[1] + other + requests[2] + longer + requests[3] + requests[4] + requests[5]
+    expected = [[0] * 4, [1] * 4, [1, 2, 3, 4], [2] * 4, [9] * 4, [3] * 4, [4] * 4, [5] * 4]
+    head_length = requests[0].index(b"\r\n\r\n") + 4
+    # cut points: inside a repeated head, right after it, inside a body, and between requests
+    for cuts in ([], [head_length - 3], [head_length], [head_length + 7], [len(requests[0]) + head_length + 20],
+                 [5, len(requests[0]) * 2 + len(other) + 3, len(stream) - 10]):
+        with connect(server) as sock:
+            sock.sendall(requests[0])  # learn the head first
+            assert echoed(read_responses(sock, 1)[0]) == [0] * 4
+            start = 0
+            for cut in [*cuts, len(stream)]:
+                sock.sendall(stream[start:cut])
+                start = cut
+                time.sleep(0.02)  # separate reads
+            answers = read_responses(sock, len(expected))
+        assert [echoed(answer) for answer in answers] == expected, cuts
+
+
+def test_line_breaks_after_a_body_do_not_teach_a_wrong_head(server: RunningServer) -> None:
+    # A body of line breaks, then a stray line break in the same read: a head guessed as
+    # "the read minus the body" would end two bytes into the body, and a pipelined pair of
+    # these requests would then be cut in the wrong places.
+    crlf_body = post("/v2/models/identity/infer", b"\r\n\r\n")
+    with connect(server) as sock:
+        sock.sendall(crlf_body + b"\r\n")
+        ((status, _, first),) = read_responses(sock, 1)
+        assert status in (400, 500), first
+        sock.sendall(crlf_body + crlf_body)
+        answers = read_responses(sock, 2)
+        assert [(status, body) for status, _, body in answers] == [(status, first)] * 2
+        sock.sendall(binary_infer([5] * 4))
+        assert echoed(read_responses(sock, 1)[0]) == [5] * 4
+
+
+def test_a_body_that_looks_like_a_repeat_is_still_a_body(server: RunningServer) -> None:
+    repeat = binary_infer([3] * 4)
+    carrier = post("/v2/models/missing/infer", repeat)  # its body is a whole infer request
+    carrier_head = carrier[: carrier.index(b"\r\n\r\n") + 4]
+    with connect(server) as sock:
+        sock.sendall(repeat)
+        assert echoed(read_responses(sock, 1)[0]) == [3] * 4
+        sock.sendall(carrier_head)
+        time.sleep(0.05)  # the body comes in a read of its own, starting with the known head
+        sock.sendall(repeat)
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        statuses = [status for status, _, _ in read_responses(sock, 2)]
+    assert statuses == [404, 200]
+
+
+def test_a_head_that_closes_or_expects_continue_is_never_taken_as_a_repeat(server: RunningServer) -> None:
+    with connect(server) as sock:
+        for _ in range(3):  # Expect: 100-continue on every repeat gets its 100 Continue
+            sock.sendall(binary_infer([1] * 4, b"Expect: 100-continue\r\n"))
+            assert sock.recv(25).startswith(b"HTTP/1.1 100 Continue")
+            assert echoed(read_responses(sock, 1)[0]) == [1] * 4
+    with connect(server) as sock:
+        sock.sendall(binary_infer([2] * 4, b"Connection: close\r\n"))
+        assert echoed(read_responses(sock, 1)[0]) == [2] * 4
+        assert sock.recv(100) == b""  # closed after the answer, not kept for repeats
+
+
+def test_a_repeat_with_a_bad_body_fails_alone(server: RunningServer) -> None:
+    good = binary_infer([1, 2, 3, 4])
+    header_end = good.index(b"\r\n\r\n") + 4
+    bad = good[:header_end] + b"!" + good[header_end + 1:]  # same head, broken JSON
+    with connect(server) as sock:
+        sock.sendall(good)
+        assert echoed(read_responses(sock, 1)[0]) == [1, 2, 3, 4]
+        sock.sendall(bad + good)
+        (status, _, body), answer = read_responses(sock, 2)
+        assert status == 400 or status == 500, body
+        assert b"error" in body
+        assert echoed(answer) == [1, 2, 3, 4]

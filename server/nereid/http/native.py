@@ -4,7 +4,8 @@ Owns connections and HTTP/1.1 framing (keep-alive, pipelining in order, Expect:
 100-continue, Content-Length or chunked responses, the request size limit, graceful
 shutdown). Infer requests go from the parser straight to ``Endpoints.start_infer`` and
 back as one socket write, with no ASGI messages, task, coroutine or Future per request; every
-other request, and the lifespan, goes to the ASGI app through ``asgi_bridge``.
+other request, and the lifespan, goes to the ASGI app through ``asgi_bridge``. A connection
+that repeats its last infer request's head byte for byte skips the parser for it (_Lane).
 
 Why it exists: on the identity benchmark the ASGI layer (scope, messages, a task per
 request, the engine's protocol object) was most of nereid's own CPU per request; this
@@ -47,6 +48,28 @@ def _status_line(status: int) -> bytes:
 
 
 _STATUS_LINES = {status: _status_line(status) for status in (200, 400, 404, 405, 500, 501, 503)}
+
+
+#: Bodies up to this size may teach a connection its repeated request head (_Lane).
+_LANE_MAX_BODY = 64 << 10
+
+
+class _Lane:
+    """A connection's last plain infer request head, byte for byte, and what the parser
+    made of it. Clients repeat the same head (perf_analyzer and tritonclient send the
+    same URL, headers and Content-Length with every request of a given shape), and the
+    same bytes read from a message boundary parse the same way: a request that starts
+    with ``head`` is that head followed by ``length`` body bytes, without asking the
+    parser (whose Python callbacks cost more than the rest of the request's reading).
+    Learnt only from a read that held exactly one complete POST to an infer route with a
+    Content-Length body (at most _LANE_MAX_BODY), no Expect and no Transfer-Encoding."""
+
+    __slots__ = ("head", "length", "request")
+
+    def __init__(self, head: bytes, length: int, request: _Request) -> None:
+        self.head = head
+        self.length = length
+        self.request = request  # method, url, headers, keep_alive, http_version to reuse
 
 
 class _Request:
@@ -94,6 +117,11 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._size = 0
         self._refusal: InvalidInputError | None = None
+        # the repeated request head (see _Lane) and what learning it needs
+        self._lane: _Lane | None = None
+        self._in_message = False  # the parser is inside a request (not at a boundary)
+        self._begun = 0  # requests begun during the current read
+        self._completed: _Request | None = None  # the last request the parser completed
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -116,8 +144,16 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._parsing:
             return
+        if self._lane is not None and not self._in_message:
+            data = self._take_repeated(data, self._lane)
+            if not data or not self._parsing:
+                return
+        self._begun = 0
+        self._completed = None
         try:
             self._parser.feed_data(data)
+            if self._begun == 1 and self._completed is not None and not self._in_message:
+                self._learn(data, self._completed)
         except httptools.HttpParserUpgrade:
             # nereid speaks HTTP/1.1 only: answer the request as is, then close (what
             # follows on the socket would be the other protocol).
@@ -141,6 +177,8 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_message = True
+        self._begun += 1
         self._url = b""
         self._headers = []
         self._chunks = []
@@ -178,21 +216,68 @@ class _Connection(asyncio.Protocol):
         self._chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self._refusal is not None:
             return  # already queued by _refuse
         chunks = self._chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         parser = self._parser
-        self._queue.append(
-            _Request(parser.get_method(), self._url, self._headers, body, parser.should_keep_alive(),
-                     parser.get_http_version(), None)
-        )
+        request = _Request(parser.get_method(), self._url, self._headers, body, parser.should_keep_alive(),
+                           parser.get_http_version(), None)
+        self._completed = request
         self._chunks = []
+        self._take(request)
+
+    def _take(self, request: _Request) -> None:
+        """Queue a complete request; start it when nothing is being answered."""
+        self._queue.append(request)
         if self._active is None:
             self._next()
         elif len(self._queue) >= _MAX_PIPELINED and self._reading:
             self._reading = False
             self._transport.pause_reading()
+
+    # -- the repeated request head -------------------------------------------------------
+
+    def _take_repeated(self, data: bytes, lane: _Lane) -> bytes:
+        """Take the complete requests at the start of ``data`` that repeat ``lane``'s head;
+        the rest (a different request, or an incomplete one) is for the parser."""
+        head = lane.head
+        start, end = len(head), len(head) + lane.length
+        known = lane.request
+        pos = 0
+        while data.startswith(head, pos) and len(data) >= pos + end and self._parsing and not self._gone:
+            self._take(_Request(known.method, known.url, known.headers, data[pos + start : pos + end],
+                                known.keep_alive, known.http_version, None))
+            pos += end
+        return data[pos:] if pos else data
+
+    def _learn(self, data: bytes, request: _Request) -> None:
+        """Remember ``request``'s head when ``data`` (one read from a message boundary) was
+        exactly that one request, and it is a plain infer request (see _Lane)."""
+        body = request.body
+        if (
+            request.method != b"POST" or request.refusal is not None
+            or len(body) > _LANE_MAX_BODY or self._gone or not self._parsing
+        ):
+            return
+        length = None
+        for name, value in request.headers:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return
+                length = int(value)
+            elif name in (b"transfer-encoding", b"expect", b"upgrade"):
+                return
+        if length != len(body) or self._server.infer_route(request.url) is None:
+            return
+        head = data[: len(data) - len(body)]
+        # A head ends at its first empty line. If the read held more than this request's
+        # head and body (line breaks after the body, which the parser skips), "the read
+        # minus the body" runs past that line: then nothing is learnt.
+        if head.find(b"\r\n\r\n") != len(head) - 4:
+            return
+        self._lane = _Lane(head, length, request)
 
     def _refuse(self, error: InvalidInputError) -> None:
         """Answer a request whose body is too large without reading the rest of it, then
@@ -200,6 +285,7 @@ class _Connection(asyncio.Protocol):
         self._refusal = error
         self._chunks = []
         self._parsing = False
+        self._in_message = False
         self._queue.append(_Request(self._parser.get_method(), self._url, self._headers, b"", False, "1.1", error))
         if self._active is None:
             self._next()
