@@ -53,6 +53,20 @@ def visible_gpu_ids() -> tuple[int, ...]:
 
 # -- repositories -------------------------------------------------------------------------
 
+#: A batching FP32 [4] -> FP32 [4] model's config (max_batch_size 8), for IDENTITY_MODEL;
+#: tests append their own sections ([dynamic_batching], more outputs, ...).
+IDENTITY_CONFIG = """
+max_batch_size = 8
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+"""
+
 IDENTITY_MODEL = """
 class Model:
     def __init__(self, context):

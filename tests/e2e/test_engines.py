@@ -9,18 +9,9 @@ import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 
-from tests.conftest import RepoBuilder
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder
 
-CONFIG = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+CONFIG = IDENTITY_CONFIG + """\
 [dynamic_batching]
 """
 

@@ -13,19 +13,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer, start_server
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
 
-IDENTITY = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-"""
+IDENTITY = IDENTITY_CONFIG
 
 DEFAULTS = {
     "log_file": "",

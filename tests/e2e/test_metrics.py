@@ -18,18 +18,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, free_port, start_server
 
-BATCHED = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+BATCHED = IDENTITY_CONFIG + """\
 [dynamic_batching]
 max_queue_delay_microseconds = 200000
 """

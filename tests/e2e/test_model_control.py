@@ -18,18 +18,9 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
 
-CONFIG = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+CONFIG = IDENTITY_CONFIG + """\
 [dynamic_batching]
 max_queue_delay_microseconds = 500
 """

@@ -17,18 +17,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import RepoBuilder, RunningServer, start_server
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
 
-IDENTITY = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
 """
 

@@ -18,18 +18,9 @@ import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from tests.conftest import ROOT, RepoBuilder, RunningServer, free_port, start_server
+from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, start_server
 
-IDENTITY = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
 max_queue_delay_microseconds = 100
 """

@@ -5,18 +5,9 @@ from __future__ import annotations
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.conftest import RepoBuilder
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder
 
-CONFIG = """
-max_batch_size = 8
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [4]
+CONFIG = IDENTITY_CONFIG + """\
 [[output]]
 name = "DEVICE"
 data_type = "TYPE_STRING"
