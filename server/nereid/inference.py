@@ -56,7 +56,7 @@ class InferRequest:
     binary_data_output: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per answered request, and a frozen init costs twice
 class InferResult:
     """What one request gets back: its own rows of every output the model produced.
 

@@ -4,11 +4,13 @@ and query-string infer paths, unparsable requests, withdrawn requests, graceful 
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ count = 1
 
 SLOW_MODEL = """
 import time
+import zlib
 
 
 class Model:
@@ -379,3 +382,42 @@ def test_a_repeat_with_a_bad_body_fails_alone(server: RunningServer) -> None:
         assert status == 400 or status == 500, body
         assert b"error" in body
         assert echoed(answer) == [1, 2, 3, 4]
+
+
+def test_repeats_keep_their_heads_compression_both_ways(server: RunningServer) -> None:
+    # The head's Content-Encoding and Accept-Encoding hold for every repeat of it.
+    header = json.dumps({
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }).encode()
+    # level 0 (stored blocks): every body compresses to the same length
+    bodies = [gzip.compress(header + np.full(4, k, np.float32).tobytes(), compresslevel=0, mtime=0) for k in range(4)]
+    assert len({len(body) for body in bodies}) == 1  # so every request has the same head
+    extra = b"Inference-Header-Content-Length: %d\r\nContent-Encoding: gzip\r\nAccept-Encoding: gzip\r\n" % len(header)
+    with connect(server) as sock:
+        for k, body in enumerate(bodies):
+            sock.sendall(post("/v2/models/identity/infer", body, extra))
+            ((status, headers, answer),) = read_responses(sock, 1)
+            assert status == 200, answer
+            assert headers["content-encoding"] == "gzip"
+            plain = gzip.decompress(answer)
+            assert np.frombuffer(plain[int(headers["inference-header-content-length"]):], np.float32).tolist() == [k] * 4
+
+
+def test_a_head_learnt_while_another_request_is_answered_serves_its_repeats(server: RunningServer) -> None:
+    # The request that teaches the head waits behind a slow one (pipelined), so the head is
+    # learnt before that request starts; its repeats are still read with its headers.
+    slow = post("/v2/models/slow/infer", json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [0.3, 0, 0, 0]}]}).encode())
+    with connect(server) as sock:
+        sock.sendall(slow)
+        time.sleep(0.05)  # the slow request is running
+        sock.sendall(binary_infer([7] * 4, b"Accept-Encoding: deflate\r\n"))
+        time.sleep(0.05)
+        sock.sendall(binary_infer([8] * 4, b"Accept-Encoding: deflate\r\n"))
+        answers = read_responses(sock, 3)
+    assert answers[0][0] == 200
+    for (status, headers, body), value in zip(answers[1:], (7, 8)):
+        assert status == 200 and headers["content-encoding"] == "deflate", body
+        plain = zlib.decompress(body)
+        assert np.frombuffer(plain[int(headers["inference-header-content-length"]):], np.float32).tolist() == [value] * 4

@@ -108,7 +108,9 @@ def client_body(
     return body, None if json_size is None else str(json_size)
 
 
-def parse(body: bytes, header: str | None = None, cfg: ModelConfig = IDENTITY, **kwargs: Any) -> InferRequest:
+def parse(
+    body: bytes, header: str | None = None, cfg: ModelConfig | codec.ModelCodec = IDENTITY, **kwargs: Any
+) -> InferRequest:
     return codec.parse_infer_request(body, header, config=cfg, model_name="m", model_version=1, **kwargs)
 
 
@@ -1359,13 +1361,14 @@ def test_configs_are_told_apart_even_when_equal_in_name() -> None:
 
 
 # -- repeated headers (parse plans) --------------------------------------------------------
-# The codec remembers what it decided for a JSON header it has parsed twice; from the third
-# request on, only the arrays are made. These tests send each header at least three times.
+# A model's ModelCodec remembers what it decided for a JSON header it has parsed twice; from
+# the third request on, only the arrays are made. These tests send each header at least three
+# times through one ModelCodec, and compare with a plain ModelConfig (parsed afresh each time).
 
 
-def fresh_identity() -> ModelConfig:
-    """A config object no earlier test has parsed with (so nothing is remembered for it)."""
-    return config()
+def fresh_identity() -> codec.ModelCodec:
+    """A codec for the identity config with nothing remembered yet."""
+    return codec.ModelCodec.for_config(config())
 
 
 def test_a_repeated_header_reads_each_new_body() -> None:
@@ -1377,6 +1380,7 @@ def test_a_repeated_header_reads_each_new_body() -> None:
 
     requests = [parse(body, header, cfg) for body in (first, first, second, first)]
 
+    assert len(cfg.plans) == 1  # the third and fourth were made from the plan
     assert [r.inputs["INPUT0"][0, 0] for r in requests] == [1.0, 1.0, 2.0, 1.0]
     assert np.shares_memory(requests[2].inputs["INPUT0"], np.frombuffer(second, np.uint8))
     assert not requests[2].inputs["INPUT0"].flags.writeable
@@ -1384,7 +1388,7 @@ def test_a_repeated_header_reads_each_new_body() -> None:
 
 
 def test_a_repeated_header_still_checks_bytes_framing() -> None:
-    cfg = config(inputs=(("S", "BYTES", (2,)),), max_batch_size=0)
+    cfg = codec.ModelCodec.for_config(config(inputs=(("S", "BYTES", (2,)),), max_batch_size=0))
     head = orjson.dumps({"id": "x", "inputs": [tensor("S", (2,), "BYTES", **binary(10))]})
     good = head + b"\x01\x00\x00\x00a\x01\x00\x00\x00b"
     bad = head + b"\x05\x00\x00\x00a\x01\x00\x00\x00b"
@@ -1399,10 +1403,11 @@ def test_a_repeated_header_still_checks_bytes_framing() -> None:
 
 
 def test_a_repeated_header_normalises_bools_of_each_body() -> None:
-    cfg = config(inputs=(("X", "BOOL", (2,)),), max_batch_size=0)
+    cfg = codec.ModelCodec.for_config(config(inputs=(("X", "BOOL", (2,)),), max_batch_size=0))
     head = orjson.dumps({"inputs": [tensor("X", (2,), "BOOL", **binary(2))]})
     for _ in range(2):
         assert parse(head + b"\x00\x07", str(len(head)), cfg).inputs["X"].tolist() == [False, True]
+    assert cfg.plans
     assert parse(head + b"\x03\x00", str(len(head)), cfg).inputs["X"].tolist() == [True, False]
 
 
@@ -1426,7 +1431,7 @@ def test_parsing_keeps_no_reference_to_the_body() -> None:
     assert sys.getrefcount(body) == before
 
 
-def _outcome(body: bytes, header: str | None, cfg: ModelConfig) -> Any:
+def _outcome(body: bytes, header: str | None, cfg: ModelConfig | codec.ModelCodec) -> Any:
     """A comparable summary of parsing: the error, or every field of the request."""
     try:
         request = parse(body, header, cfg)
@@ -1448,9 +1453,10 @@ def _outcome(body: bytes, header: str | None, cfg: ModelConfig) -> Any:
     )
 
 
-def _twin(cfg: ModelConfig) -> ModelConfig:
-    """An equal config object the codec has never seen."""
-    return ModelConfig(name=cfg.name, max_batch_size=cfg.max_batch_size, input=cfg.input, output=cfg.output)
+def _remembering(cfg: ModelConfig) -> codec.ModelCodec:
+    """A codec for ``cfg`` that remembers the headers it parses (a ModelConfig alone is
+    parsed afresh every time)."""
+    return codec.ModelCodec.for_config(cfg)
 
 
 @st.composite
@@ -1491,10 +1497,11 @@ def test_a_remembered_client_header_parses_a_new_body_exactly_like_a_fresh_parse
     cfg, body, header = request
     split = len(body) if header is None else int(header)
     other = body[:split] + bytes(byte ^ flip for byte in body[split:])
+    warm = _remembering(cfg)
     for _ in range(2):
-        _outcome(body, header, cfg)
-    assert _outcome(body, header, cfg) == _outcome(body, header, _twin(cfg))
-    assert _outcome(other, header, cfg) == _outcome(other, header, _twin(cfg))
+        _outcome(body, header, warm)
+    assert _outcome(body, header, warm) == _outcome(body, header, cfg)
+    assert _outcome(other, header, warm) == _outcome(other, header, cfg)
 
 
 @settings(max_examples=200, deadline=None)
@@ -1505,10 +1512,11 @@ def test_a_remembered_header_parses_a_new_body_exactly_like_a_fresh_parse(
     body, header = request
     split = len(body) if header is None else int(header)
     other = body[:split] + bytes(byte ^ flip for byte in body[split:])  # same header, new blobs
-    warm = _twin(WILD_CONFIGS[cfg_index])
+    cfg = WILD_CONFIGS[cfg_index]
+    warm = _remembering(cfg)
     for _ in range(2):
         _outcome(body, header, warm)
-    assert _outcome(other, header, warm) == _outcome(other, header, _twin(warm))
+    assert _outcome(other, header, warm) == _outcome(other, header, cfg)
 
 
 # -- repeated answers (reply memo) ----------------------------------------------------------

@@ -404,6 +404,15 @@ def to_array(item: WireInput, model_name: str, prefix: str, body: bytes | None =
     return np.ndarray(shape, dt.numpy, buffer, item.offset)
 
 
+def body_views(
+    views: Sequence[tuple[str, tuple[int, ...], Any, int]], body: bytes
+) -> dict[str, NDArray[Any]]:
+    """The arrays of numeric (not BOOL) binary inputs already checked against a body of
+    this length: ``(name, shape, numpy dtype, offset)`` each, in request order. The same
+    read-only views ``to_array`` makes, without its per-datatype branches."""
+    return {name: np.ndarray(shape, dtype, body, offset) for name, shape, dtype, offset in views}
+
+
 # -- response outputs --------------------------------------------------------------------
 
 _BY_NUMPY = {dt.numpy: dt for dt in DATATYPES}

@@ -186,6 +186,9 @@ class _Plan:
     checks: tuple[_tensors.WireInput, ...]
     #: names in request order, when it differs from ``checks``.
     order: tuple[str, ...] | None
+    #: (name, shape, numpy dtype, offset) of every input in request order, when all are
+    #: numeric and not BOOL: each is then one read-only view of the body, nothing to check.
+    views: tuple[tuple[str, tuple[int, ...], Any, int], ...] | None
 
 
 
@@ -383,8 +386,12 @@ def _remember(
         for item in (parsed[name] for name in sorted(parsed))
     )
     order = tuple(parsed) if len(parsed) > 1 else None
+    views = None
+    if all(not item.dt.is_bytes and item.dt.wire_name != "BOOL" for item in parsed.values()):
+        views = tuple((item.name, item.shape, item.dt.numpy, item.offset) for item in parsed.values())
     plan = _Plan(
-        request_id, prefix, dict(custom), priority, timeout_us, binary_data_output, outputs, rows, checks, order
+        request_id, prefix, dict(custom), priority, timeout_us, binary_data_output, outputs, rows, checks, order,
+        views,
     )
     if len(spec.plans) >= _PLAN_CACHE_SIZE:
         spec.plans.clear()
@@ -393,20 +400,16 @@ def _remember(
 
 def _apply_plan(plan: _Plan, body: bytes, model_name: str, model_version: int | None) -> InferRequest:
     """A repeat of a planned header: only the arrays are new (views of this body)."""
-    arrays = {item.name: _tensors.to_array(item, model_name, plan.prefix, body) for item in plan.checks}
-    if plan.order is not None:
-        arrays = {name: arrays[name] for name in plan.order}
+    if plan.views is not None:
+        arrays = _tensors.body_views(plan.views, body)
+    else:
+        arrays = {item.name: _tensors.to_array(item, model_name, plan.prefix, body) for item in plan.checks}
+        if plan.order is not None:
+            arrays = {name: arrays[name] for name in plan.order}
+    # InferRequest's fields in order (positional: this runs once per request)
     return InferRequest(
-        model_name=model_name,
-        inputs=arrays,
-        rows=plan.rows,
-        id=plan.request_id,
-        model_version=model_version,
-        outputs=plan.outputs,
-        parameters=dict(plan.parameters) if plan.parameters else {},
-        priority=plan.priority,
-        timeout_us=plan.timeout_us,
-        binary_data_output=plan.binary_data_output,
+        model_name, arrays, plan.rows, plan.request_id, model_version, plan.outputs,
+        dict(plan.parameters) if plan.parameters else {}, plan.priority, plan.timeout_us, plan.binary_data_output,
     )
 
 

@@ -287,7 +287,7 @@ class Endpoints:
     async def infer(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
         """POST .../infer as a raw ASGI handler (the uvicorn, granian and hypercorn engines)."""
         received_ns = time.monotonic_ns()
-        headers = _InferHeaders(scope["headers"])
+        headers = InferHeaders(scope["headers"])
         shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
             body = await read_body(receive, headers.content_length, self.options.max_request_size)
@@ -308,7 +308,7 @@ class Endpoints:
         self,
         name: str,
         version_text: str | None,
-        raw_headers: list[tuple[bytes, bytes]],
+        headers: InferHeaders,
         body: bytes,
         received_ns: int,
         reply: Reply,
@@ -316,8 +316,8 @@ class Endpoints:
         """POST .../infer for a callback-driven engine (the native one): the request is
         parsed and queued now, and ``reply(status, headers, body)`` is called once, on the
         loop, when its answer is ready (at once for a bad request). Returns the ticket to
-        withdraw if the client goes away first (None when already answered). Never raises."""
-        headers = _InferHeaders(raw_headers)
+        withdraw if the client goes away first (None when already answered). Never raises.
+        ``headers`` may be shared by requests that repeat the same header lines."""
         shm = self._shm.lease()
         try:
             call = self._parse_infer(name, version_text, headers, body, shm)
@@ -335,7 +335,7 @@ class Endpoints:
         return ticket
 
     def _parse_infer(
-        self, name: str, version_text: str | None, headers: _InferHeaders, body: bytes, shm: Any
+        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any
     ) -> _InferCall:
         serving = self.manager.get(name, parse_version(version_text))
         if serving.config.decoupled:
@@ -364,8 +364,9 @@ def _internal_error(model: str, exc: BaseException) -> InternalError:
 Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
 
 
-class _InferHeaders:
-    """The request headers the infer path reads (names are lowercase, as ASGI gives them)."""
+class InferHeaders:
+    """The request headers the infer path reads (names are lowercase, as ASGI gives them).
+    Read-only once made: requests with the same header lines may share one."""
 
     __slots__ = ("header_length", "content_encoding", "accept_encoding", "content_length")
 

@@ -29,6 +29,7 @@ from nereid.errors import InvalidInputError
 from nereid.http._asgi import body_too_large, check_declared_length, error_parts
 from nereid.http.app import NereidApp
 from nereid.http.asgi_bridge import AsgiExchange, Lifespan, http_scope
+from nereid.http.endpoints import InferHeaders
 
 __all__ = ["NativeServer"]
 
@@ -75,11 +76,12 @@ class _Lane:
 class _Request:
     """One complete request waiting for (or getting) its answer."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http_version", "refusal")
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http_version", "refusal", "infer_headers")
 
     def __init__(
         self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
         keep_alive: bool, http_version: str, refusal: InvalidInputError | None,
+        infer_headers: InferHeaders | None = None,
     ) -> None:
         self.method = method
         self.url = url
@@ -89,6 +91,9 @@ class _Request:
         self.http_version = http_version
         #: answered with this error instead of being served (size limit, unparsable request).
         self.refusal = refusal
+        #: what the infer path reads of ``headers`` (made when first needed; a lane's
+        #: repeats share their head's).
+        self.infer_headers = infer_headers
 
 
 class _Connection(asyncio.Protocol):
@@ -248,7 +253,7 @@ class _Connection(asyncio.Protocol):
         pos = 0
         while data.startswith(head, pos) and len(data) >= pos + end and self._parsing and not self._gone:
             self._take(_Request(known.method, known.url, known.headers, data[pos + start : pos + end],
-                                known.keep_alive, known.http_version, None))
+                                known.keep_alive, known.http_version, None, known.infer_headers))
             pos += end
         return data[pos:] if pos else data
 
@@ -277,6 +282,8 @@ class _Connection(asyncio.Protocol):
         # minus the body" runs past that line: then nothing is learnt.
         if head.find(b"\r\n\r\n") != len(head) - 4:
             return
+        if request.infer_headers is None:  # not started yet (it waits behind another)
+            request.infer_headers = InferHeaders(request.headers)
         self._lane = _Lane(head, length, request)
 
     def _refuse(self, error: InvalidInputError) -> None:
@@ -323,8 +330,11 @@ class _Connection(asyncio.Protocol):
             server = self._server
             route = server.infer_route(request.url)
             if route is not None:
+                headers = request.infer_headers
+                if headers is None:
+                    headers = request.infer_headers = InferHeaders(request.headers)
                 ticket = server.app.endpoints.start_infer(
-                    route[0], route[1], request.headers, request.body, time.monotonic_ns(), self.reply
+                    route[0], route[1], headers, request.body, time.monotonic_ns(), self.reply
                 )
                 if ticket is not None:  # None: answered already (and maybe the next one started)
                     self._ticket = ticket
