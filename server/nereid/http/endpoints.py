@@ -100,11 +100,17 @@ class Endpoints:
         self._shm = shm if shm is not None else SharedMemoryManager()
         # One codec (lookup tables, header memo) per served model version; dropped with it.
         self._codecs: weakref.WeakKeyDictionary[ServingModel, codec.ModelCodec] = weakref.WeakKeyDictionary()
+        # the last one asked for (a weak reference: it must not keep an unloaded model alive)
+        self._last_codec: tuple[weakref.ref[ServingModel], codec.ModelCodec] | None = None
 
     def _codec(self, serving: ServingModel) -> codec.ModelCodec:
+        last = self._last_codec
+        if last is not None and last[0]() is serving:
+            return last[1]
         found = self._codecs.get(serving)
         if found is None:
             found = self._codecs[serving] = codec.ModelCodec.for_config(serving.config)
+        self._last_codec = (weakref.ref(serving), found)
         return found
 
     # -- health and metadata -----------------------------------------------------------
