@@ -37,7 +37,7 @@ from nereid.options import ServerOptions
 from nereid.repository import check_model_name
 from nereid.shared_memory import SharedMemoryManager
 
-__all__ = ["Endpoints", "EXTENSIONS"]
+__all__ = ["Endpoints", "EXTENSIONS", "InferHeaders"]
 
 _log = logging.getLogger("nereid")
 
