@@ -91,9 +91,16 @@ class _Request:
         self.http_version = http_version
         #: answered with this error instead of being served (size limit, unparsable request).
         self.refusal = refusal
-        #: what the infer path reads of ``headers`` (made when first needed; a lane's
-        #: repeats share their head's).
+        #: what the infer path reads of ``headers`` (made when first needed, by
+        #: ``parsed_infer_headers``; a lane's repeats share their head's).
         self.infer_headers = infer_headers
+
+    def parsed_infer_headers(self) -> InferHeaders:
+        """``infer_headers``, made from ``headers`` the first time."""
+        parsed = self.infer_headers
+        if parsed is None:
+            parsed = self.infer_headers = InferHeaders(self.headers)
+        return parsed
 
 
 class _Connection(asyncio.Protocol):
@@ -282,8 +289,7 @@ class _Connection(asyncio.Protocol):
         # minus the body" runs past that line: then nothing is learnt.
         if head.find(b"\r\n\r\n") != len(head) - 4:
             return
-        if request.infer_headers is None:  # not started yet (it waits behind another)
-            request.infer_headers = InferHeaders(request.headers)
+        request.parsed_infer_headers()  # now, for its repeats (it may wait behind another)
         self._lane = _Lane(head, length, request)
 
     def _refuse(self, error: InvalidInputError) -> None:
@@ -330,11 +336,8 @@ class _Connection(asyncio.Protocol):
             server = self._server
             route = server.infer_route(request.url)
             if route is not None:
-                headers = request.infer_headers
-                if headers is None:
-                    headers = request.infer_headers = InferHeaders(request.headers)
                 ticket = server.app.endpoints.start_infer(
-                    route[0], route[1], headers, request.body, time.monotonic_ns(), self.reply
+                    route[0], route[1], request.parsed_infer_headers(), request.body, time.monotonic_ns(), self.reply
                 )
                 if ticket is not None:  # None: answered already (and maybe the next one started)
                     self._ticket = ticket
