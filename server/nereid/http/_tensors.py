@@ -404,12 +404,22 @@ def to_array(item: WireInput, model_name: str, prefix: str, body: bytes | None =
     return np.ndarray(shape, dt.numpy, buffer, item.offset)
 
 
-def body_views(
-    views: Sequence[tuple[str, tuple[int, ...], Any, int]], body: bytes
-) -> dict[str, NDArray[Any]]:
-    """The arrays of numeric (not BOOL) binary inputs already checked against a body of
-    this length: ``(name, shape, numpy dtype, offset)`` each, in request order. The same
-    read-only views ``to_array`` makes, without its per-datatype branches."""
+#: How to make one input's array as a plain view of a body: (name, shape, numpy dtype, offset).
+ViewSpec = tuple[str, tuple[int, ...], Any, int]
+
+
+def view_spec(item: WireInput) -> ViewSpec | None:
+    """How ``to_array`` makes ``item``'s array when that is a plain read-only view of the
+    body (numeric binary data, not BOOL); None when it needs more (normalising, splitting)."""
+    dt = item.dt
+    if item.source != BINARY or dt.is_bytes or dt.wire_name == "BOOL":
+        return None
+    return item.name, item.shape, dt.numpy, item.offset
+
+
+def body_views(views: Sequence[ViewSpec], body: bytes) -> dict[str, NDArray[Any]]:
+    """The arrays of inputs already checked against a body of this length, each by its
+    ``view_spec``, in that order: ``to_array``'s views without its per-datatype branches."""
     return {name: np.ndarray(shape, dtype, body, offset) for name, shape, dtype, offset in views}
 
 

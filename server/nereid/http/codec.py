@@ -186,9 +186,9 @@ class _Plan:
     checks: tuple[_tensors.WireInput, ...]
     #: names in request order, when it differs from ``checks``.
     order: tuple[str, ...] | None
-    #: (name, shape, numpy dtype, offset) of every input in request order, when all are
-    #: numeric and not BOOL: each is then one read-only view of the body, nothing to check.
-    views: tuple[tuple[str, tuple[int, ...], Any, int], ...] | None
+    #: every input's _tensors.view_spec in request order, when each is a plain view of the
+    #: body (numeric, not BOOL): nothing to check or convert.
+    views: tuple[_tensors.ViewSpec, ...] | None
 
 
 
@@ -386,9 +386,10 @@ def _remember(
         for item in (parsed[name] for name in sorted(parsed))
     )
     order = tuple(parsed) if len(parsed) > 1 else None
-    views = None
-    if all(not item.dt.is_bytes and item.dt.wire_name != "BOOL" for item in parsed.values()):
-        views = tuple((item.name, item.shape, item.dt.numpy, item.offset) for item in parsed.values())
+    views: tuple[_tensors.ViewSpec, ...] | None = None
+    specs = [_tensors.view_spec(item) for item in parsed.values()]
+    if all(spec is not None for spec in specs):
+        views = tuple(spec for spec in specs if spec is not None)
     plan = _Plan(
         request_id, prefix, dict(custom), priority, timeout_us, binary_data_output, outputs, rows, checks, order,
         views,
