@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import operator
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import numpy as np
 
-from nereid.batch_arrays import batch_signature, request_cost
+from nereid.batch_arrays import request_cost, signature_function
 from nereid.config.schema import DynamicBatching, ModelConfig
 from nereid.errors import (
     InvalidInputError,
@@ -189,7 +190,14 @@ class _Callback:
         return self._done
 
     def set_result(self, result: Any) -> None:
-        self._finish(result, None)
+        # _finish(result, None), written out: this runs once per answered request.
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._on_answer(result, None)
+        except Exception:  # noqa: BLE001 - one caller's failure must not fail its batch mates
+            _log.exception("answering a request failed")
 
     def set_exception(self, error: BaseException) -> None:
         self._finish(None, error)
@@ -280,9 +288,9 @@ class DynamicBatcher:
         batching = config.dynamic_batching is not None and config.max_batch_size > 0
         limit = config.max_batch_size
 
+        rows_of: Callable[[InferRequest], int] = operator.attrgetter("rows")
+
         def cost_of(request: InferRequest) -> int:
-            if cost_fn is None:
-                return request.rows
             cost = request_cost(request, cost_fn)
             if batching and cost > limit:
                 raise InvalidInputError(
@@ -298,9 +306,9 @@ class DynamicBatcher:
             dynamic_batching=config.dynamic_batching,
             instances=instances,
             stats=stats,
-            cost_of=cost_of,
-            signature_of=lambda request: batch_signature(request, config),
-            rows_of=lambda request: request.rows,
+            cost_of=rows_of if cost_fn is None else cost_of,
+            signature_of=signature_function(config),
+            rows_of=rows_of,
             streaming=config.decoupled,
         )
 
@@ -420,15 +428,10 @@ class DynamicBatcher:
         if received_ns is None:
             received_ns = now
         queue = self._queue
-        level = queue.level_for(getattr(payload, "priority", 0))
-        item = QueuedRequest(
-            payload=(payload, answer, received_ns),
-            cost=self._cost_of(payload),
-            signature=self._signature_of(payload),
-            level=level,
-            enqueued_ns=now,
-            deadline_ns=queue.deadline_for(level, now, getattr(payload, "timeout_us", None)),
-        )
+        level = 0 if queue.single_level else queue.level_for(getattr(payload, "priority", 0))
+        deadline_ns = queue.deadline_for(level, now, getattr(payload, "timeout_us", None)) if queue.timed else 0
+        item = QueuedRequest((payload, answer, received_ns), self._cost_of(payload), self._signature_of(payload),
+                             level, now, deadline_ns)
         try:
             queue.push(item)
         except NereidError:
@@ -518,11 +521,15 @@ class DynamicBatcher:
         total_ns = 0
         queue_times: list[int] = []
         resolve = self._resolve
+        in_order = self._order is None  # else answers may have to wait (_resolve)
         for item, outputs in zip(batch, outcome.outputs):
             _, future, received_ns = item.payload
             if future.done():
                 continue
-            resolve(item, True, outputs)
+            if in_order:
+                future.set_result(outputs)
+            else:
+                resolve(item, True, outputs)
             total_ns += end - received_ns
             queue_times.append(started - item.enqueued_ns)
         self.stats.record_successes(

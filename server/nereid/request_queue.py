@@ -37,7 +37,7 @@ class QueuedRequest:
     enqueued_ns: int
     deadline_ns: int = 0
     timeout_action: str = "REJECT"
-    seq: int = field(default_factory=lambda: next(_seq))
+    seq: int = field(default_factory=_seq.__next__)
     removed: bool = False
     delayed: bool = False
 
@@ -84,6 +84,14 @@ class RequestQueue:
         self.levels = tuple(range(1, db.priority_levels + 1)) if db.priority_levels > 0 else (0,)
         self.default_level = db.default_priority_level if db.priority_levels > 0 else 0
         self._policies: dict[int, QueuePolicy] = {level: db.queue_policy(level) for level in self.levels}
+        #: Whether every request is at level 0 (no priority levels), and whether any can
+        #: have a deadline (a default timeout, or its own where overriding is allowed):
+        #: when not, the batcher skips asking ``level_for`` and ``deadline_for`` per request.
+        self.single_level = self.levels == (0,)
+        self.timed = any(
+            policy.default_timeout_microseconds > 0 or policy.allow_timeout_override
+            for policy in self._policies.values()
+        )
         self._normal: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
         self._delayed: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
         self._sizes: dict[int, int] = {level: 0 for level in self.levels}

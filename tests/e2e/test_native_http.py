@@ -305,6 +305,53 @@ def test_repeated_heads_each_get_their_own_body(server: RunningServer) -> None:
             assert echoed(read_responses(sock, 1)[0]) == [index, index + 1, index + 2, index + 3]
 
 
+def read_raw_response(sock: socket.socket) -> bytes:
+    """One Content-Length-framed response, as the bytes that came (nothing may follow it)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    head = data[: data.index(b"\r\n\r\n")].decode("latin-1").lower()
+    length = int(head.split("\r\ncontent-length:", 1)[1].split("\r\n", 1)[0])
+    while len(data) < len(head) + 4 + length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    assert len(data) == len(head) + 4 + length, data
+    return data
+
+
+def test_repeated_answers_are_the_first_answer_byte_for_byte_with_their_own_values(server: RunningServer) -> None:
+    # The first answer is encoded in full; its repeats reuse its remembered head and JSON
+    # header (nereid's known answers): only the blob may differ.
+    with connect(server) as sock:
+        answers = []
+        for index in range(8):
+            sock.sendall(binary_infer([index, -index, 0.5, index * 2]))
+            answers.append(read_raw_response(sock))
+    first = answers[0]
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n"), first
+    assert b"connection:" not in first.lower()
+    for index, raw in enumerate(answers):
+        assert raw[:-16] == first[:-16]
+        assert np.frombuffer(raw[-16:], np.float32).tolist() == [index, -index, 0.5, index * 2]
+
+
+def test_a_repeat_that_closes_its_connection_says_so(server: RunningServer) -> None:
+    # A head taught by keep-alive requests, then the same request asking to close: a
+    # different head, so the parser takes it and the answer carries connection: close.
+    with connect(server) as sock:
+        for index in range(3):
+            sock.sendall(binary_infer([index] * 4))
+            assert echoed(read_responses(sock, 1)[0]) == [index] * 4
+        sock.sendall(binary_infer([7] * 4, b"Connection: close\r\n"))
+        [response] = read_responses(sock, 1)
+        assert echoed(response) == [7] * 4
+        assert response[1]["connection"] == "close"
+        assert sock.recv(1) == b""
+
+
 def test_repeats_mixed_with_other_requests_split_anywhere_are_answered_in_order(server: RunningServer) -> None:
     requests = [binary_infer([k, k, k, k]) for k in range(6)]
     other = post("/v2/models/identity/infer", BODY)  # a JSON request: a different head

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from nereid.batch_arrays import assemble, batch_signature, request_cost, split
+from nereid.batch_arrays import assemble, batch_signature, request_cost, signature_function, split
 from nereid.config.schema import ModelConfig, ModelInput, ModelOutput
 from nereid.errors import InternalError, ModelExecutionError
 from nereid.inference import InferRequest
@@ -81,6 +81,29 @@ def test_assemble_then_split_returns_each_request_its_own_rows_in_order(
 def test_requests_that_fit_one_batch_share_one_signature(workload: BatchWorkload) -> None:
     signatures = {batch_signature(req, workload.config) for req in workload.requests}
     assert len(signatures) == 1
+
+
+@settings(deadline=None)
+@given(batch_workloads())
+def test_the_per_model_signature_function_gives_batch_signature(workload: BatchWorkload) -> None:
+    signature_of = signature_function(workload.config)
+    for req in workload.requests:
+        assert signature_of(req) == batch_signature(req, workload.config)
+
+
+@pytest.mark.parametrize("max_batch_size", [0, 8])
+@pytest.mark.parametrize("pad_value", [None, 0])
+@pytest.mark.parametrize("present", [True, False])
+def test_the_signature_function_of_one_input_matches_batch_signature(
+    max_batch_size: int, pad_value: int | None, present: bool
+) -> None:
+    cfg = config(
+        inputs=(ModelInput("INPUT0", FP32, (2, -1), pad_value=pad_value, optional=True),),
+        max_batch_size=max_batch_size,
+    )
+    shape = (1, 2, 3) if max_batch_size else (2, 3)
+    req = request(INPUT0=np.zeros(shape, np.float32)) if present else request()
+    assert signature_function(cfg)(req) == batch_signature(req, cfg)
 
 
 @settings(deadline=None)

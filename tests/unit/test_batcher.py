@@ -166,6 +166,59 @@ def test_queued_request_times_out_with_request_timeout_expired() -> None:
     run(scenario())
 
 
+class _Timed(int):
+    """A payload asking for its own timeout (as an InferRequest's ``timeout`` parameter)."""
+
+    timeout_us = 20_000
+
+
+class _Urgent(int):
+    """A payload of priority 1 (as an InferRequest's ``priority`` parameter)."""
+
+    priority = 1
+
+
+@pytest.mark.parametrize("override, times_out", [(True, True), (False, False)])
+def test_a_request_timeout_counts_without_a_default_one_only_when_overriding_is_allowed(
+    override: bool, times_out: bool
+) -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        policy = QueuePolicy(allow_timeout_override=override)
+        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+            running = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.005)
+            queued = asyncio.ensure_future(batcher.infer(_Timed(3)))
+            await asyncio.sleep(0.05)
+            gate.set()
+            await running
+            if times_out:
+                with pytest.raises(RequestTimeoutError, match="Request timeout expired"):
+                    await queued
+            else:
+                assert await queued == 6
+
+    run(scenario())
+
+
+def test_a_higher_priority_request_goes_first_through_the_batcher() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        async with make([instance], max_batch_size=1, priority_levels=2, default_priority_level=2) as batcher:
+            running = asyncio.ensure_future(batcher.infer(0))
+            await asyncio.sleep(0.005)
+            normal = asyncio.ensure_future(batcher.infer(1))
+            urgent = asyncio.ensure_future(batcher.infer(_Urgent(5)))
+            await asyncio.sleep(0.005)
+            gate.set()
+            assert await asyncio.gather(running, normal, urgent) == [0, 2, 10]
+        assert instance.batches == [[0], [5], [1]]
+
+    run(scenario())
+
+
 def test_a_cancelled_caller_takes_its_request_out_of_the_queue() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()

@@ -1387,6 +1387,60 @@ def test_a_repeated_header_reads_each_new_body() -> None:
     assert all(r.outputs is None and r.binary_data_output and r.rows == 1 and r.id == "" for r in requests)
 
 
+def test_a_planned_header_is_parsed_the_short_way_into_the_same_request() -> None:
+    cfg = fresh_identity()
+    first, header = client_body([client_input("INPUT0", np.full((1, 16), 1.0, np.float32), "FP32")])
+    second, _ = client_body([client_input("INPUT0", np.full((1, 16), 2.0, np.float32), "FP32")])
+    assert header is not None
+    assert codec.parse_planned(first, header, cfg, "m", 1, 64 << 20) is None  # nothing planned yet
+    parse(first, header, cfg)
+    assert codec.parse_planned(first, header, cfg, "m", 1, 64 << 20) is None  # seen once: not planned
+    parse(first, header, cfg)
+
+    planned = codec.parse_planned(second, header, cfg, "m", 1, 64 << 20)
+
+    assert planned is not None
+    assert _summary(planned) == _summary(parse(second, header, fresh_identity()))
+    assert np.shares_memory(planned.inputs["INPUT0"], np.frombuffer(second, np.uint8))
+    assert not planned.inputs["INPUT0"].flags.writeable
+    assert (planned.model_name, planned.model_version) == ("m", 1)
+
+
+@pytest.mark.parametrize(
+    "header_of, limit",
+    [
+        (lambda h: None, 64 << 20),  # no Inference-Header-Content-Length
+        (lambda h: " " + h, 64 << 20),  # stoi would take it: the full parser decides
+        (lambda h: "+" + h, 64 << 20),
+        (lambda h: "0", 64 << 20),  # a raw binary request
+        (lambda h: str(int(h) + 1), 64 << 20),  # another split of the same body
+        (lambda h: "99999999999", 64 << 20),
+        (lambda h: h, 16),  # over --http-max-input-size: the full parser reports it
+    ],
+)
+def test_anything_but_a_planned_header_is_left_to_the_full_parser(
+    header_of: Callable[[str], str | None], limit: int
+) -> None:
+    cfg = fresh_identity()
+    body, header = client_body([client_input("INPUT0", np.full((1, 16), 1.0, np.float32), "FP32")])
+    assert header is not None
+    for _ in range(2):
+        parse(body, header, cfg)
+    assert codec.parse_planned(body, header, cfg, "m", 1, 64 << 20) is not None
+
+    assert codec.parse_planned(body, header_of(header), cfg, "m", 1, limit) is None
+
+
+def test_a_planned_header_with_inputs_to_convert_is_left_to_the_full_parser() -> None:
+    cfg = codec.ModelCodec.for_config(config(inputs=(("B", "BOOL", (4,)),), max_batch_size=0))
+    body, header = client_body([client_input("B", np.array([True, False, True, True]), "BOOL")])
+    for _ in range(3):
+        parse(body, header, cfg)
+    assert cfg.plans  # planned, but BOOL bytes must be normalised: not a plain view
+
+    assert codec.parse_planned(body, header, cfg, "m", 1, 64 << 20) is None
+
+
 def test_a_repeated_header_still_checks_bytes_framing() -> None:
     cfg = codec.ModelCodec.for_config(config(inputs=(("S", "BYTES", (2,)),), max_batch_size=0))
     head = orjson.dumps({"id": "x", "inputs": [tensor("S", (2,), "BYTES", **binary(10))]})
@@ -1437,6 +1491,11 @@ def _outcome(body: bytes, header: str | None, cfg: ModelConfig | codec.ModelCode
         request = parse(body, header, cfg)
     except NereidError as exc:
         return (type(exc), exc.message)
+    return _summary(request)
+
+
+def _summary(request: InferRequest) -> Any:
+    """Every field of a parsed request, comparable."""
     arrays = {
         name: (a.dtype.str, a.shape, a.tolist() if a.dtype == object else a.tobytes())
         for name, a in request.inputs.items()
@@ -1502,6 +1561,10 @@ def test_a_remembered_client_header_parses_a_new_body_exactly_like_a_fresh_parse
         _outcome(body, header, warm)
     assert _outcome(body, header, warm) == _outcome(body, header, cfg)
     assert _outcome(other, header, warm) == _outcome(other, header, cfg)
+    # The short way to a planned request, where it answers, gives the same request.
+    planned = codec.parse_planned(other, header, warm, "m", 1, 64 << 20)
+    if planned is not None:
+        assert _summary(planned) == _outcome(other, header, cfg)
 
 
 @settings(max_examples=200, deadline=None)
@@ -1542,13 +1605,21 @@ def test_a_repeated_answer_carries_each_new_value_and_shape() -> None:
         {"A": np.full((1, 3), value, np.float32), "B": np.full((1, n), value, np.int8)}
         for value, n in [(1, 2), (2, 2), (3, 2), (4, 5), (5, 2)]
     ]
+    known = []
     for outputs in answers:
+        known.append(infer_response.known_answer(request, outputs, memo, 1))
         body, headers = _answer(outputs, request, memo)
         assert (body, headers) == _answer(outputs, request, codec.ModelCodec.for_config(ANSWER_CONFIG))
         decoded = client_result(body, dict(headers))
         np.testing.assert_array_equal(decoded.as_numpy("A"), outputs["A"])
         np.testing.assert_array_equal(decoded.as_numpy("B"), outputs["B"])
+        if known[-1] is not None:  # the short way gives the same bytes
+            assert b"".join(known[-1][1]) == body
+            assert list(known[-1][0]) == headers + [(b"content-length", b"%d" % len(body))]
     assert len(memo.replies) == 2  # one header per (dtype, shape) combination seen
+    # remembered from the second answer of a kind on: not from the first of each
+    assert [k is not None for k in known] == [False, True, True, False, True]
+    assert known[1][0] is known[2][0]  # the same headers object: the engine may remember its encoding
 
 
 def test_a_remembered_header_is_not_used_for_another_id_version_or_selection() -> None:
@@ -1618,4 +1689,10 @@ def test_remembered_answers_encode_exactly_like_fresh_ones(
             if repeat == repeats:  # the same dtypes and shapes, other values
                 outputs = {name: value[..., ::-1].copy() + value for name, value in outputs.items()}
             fresh = codec.ModelCodec.for_config(ANSWER_CONFIG)
-            assert _answer(outputs, request, memo) == _answer(outputs, request, fresh)
+            known = infer_response.known_answer(request, outputs, memo, 1)
+            expected = _answer(outputs, request, fresh)
+            assert _answer(outputs, request, memo) == expected
+            if known is not None:  # the short way, where it answers, gives the same bytes
+                body, headers = expected
+                with_length = headers + [(b"content-length", b"%d" % len(body))]
+                assert (b"".join(known[1]), list(known[0])) == (body, with_length)

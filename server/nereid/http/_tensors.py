@@ -461,6 +461,12 @@ def output_array(
 _COPY_BELOW = 64 * 1024
 
 
+def copied_whole(dt: DataType, size: int) -> bool:
+    """Whether ``binary_blob`` gives an output of this numeric datatype and byte size as
+    one ``tobytes`` copy (what a caller that knows both may do itself)."""
+    return not dt.is_bytes and dt.numpy.kind != "V" and 0 < size <= _COPY_BELOW
+
+
 def binary_blob(arr: NDArray[Any], dt: DataType, name: str, model_name: str) -> tuple[list[Any], int]:
     """An output's binary form as buffers to be joined once, and its size in bytes. Large
     contiguous numeric outputs are a byte view of the array (no copy before the join)."""
@@ -470,7 +476,7 @@ def binary_blob(arr: NDArray[Any], dt: DataType, name: str, model_name: str) -> 
     if not size:
         return [], 0
     if dt.numpy.kind != "V":
-        if size <= _COPY_BELOW:
+        if size <= _COPY_BELOW:  # (copied_whole tells callers when)
             # Small outputs: one copy is cheaper than exporting the array's buffer twice
             # (arr.data, then bytes.join), which costs more than the bytes themselves.
             return [arr.tobytes()], size

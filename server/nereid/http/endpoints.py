@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import Any, Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Awaitable, Callable, Iterable, MutableMapping, Protocol
 
 import orjson
 from starlette.requests import Request
@@ -37,7 +37,7 @@ from nereid.options import ServerOptions
 from nereid.repository import check_model_name
 from nereid.shared_memory import SharedMemoryManager
 
-__all__ = ["Endpoints", "EXTENSIONS", "InferHeaders"]
+__all__ = ["Endpoints", "EXTENSIONS", "InferHeaders", "Responder"]
 
 _log = logging.getLogger("nereid")
 
@@ -317,47 +317,51 @@ class Endpoints:
         headers: InferHeaders,
         body: bytes,
         received_ns: int,
-        reply: Reply,
+        responder: Responder,
     ) -> Ticket | None:
         """POST .../infer for a callback-driven engine (the native one): the request is
-        parsed and queued now, and ``reply(status, headers, body)`` is called once, on the
-        loop, when its answer is ready (at once for a bad request). Returns the ticket to
-        withdraw if the client goes away first (None when already answered). Never raises.
-        ``headers`` may be shared by requests that repeat the same header lines."""
+        parsed and queued now, and ``responder`` is called once, on the loop, when its
+        answer is ready (at once for a bad request). Returns the ticket to withdraw if the
+        client goes away first (None when already answered). Never raises. ``headers`` may
+        be shared by requests that repeat the same header lines."""
         shm = self._shm.lease()
         try:
             call = self._parse_infer(name, version_text, headers, body, shm)
-            call.reply = reply
+            call.responder = responder
             ticket = call.serving.submit(call.request, received_ns, call.answer)
         except NereidError as exc:
             shm.release()
-            reply(*error_parts(exc))
+            responder.reply(*error_parts(exc))
             return None
         except Exception as exc:  # a bug must cost one request, not the connection
             shm.release()
             _log.exception("infer on model %r failed unexpectedly", name)
-            reply(*error_parts(_internal_error(name, exc)))
+            responder.reply(*error_parts(_internal_error(name, exc)))
             return None
         return ticket
 
     def _parse_infer(
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any
     ) -> _InferCall:
-        serving = self.manager.get(name, parse_version(version_text))
+        serving = self.manager.get(name, parse_version(version_text) if version_text is not None else None)
         if serving.config.decoupled:
             raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
+        model_codec = self._codec(serving)
         if headers.content_encoding:
             body = codec.decode_body(body, headers.content_encoding, max_size=self.options.max_request_size)
-        model_codec = self._codec(serving)
-        request = codec.parse_infer_request(
-            body,
-            headers.header_length,
-            config=model_codec,
-            model_name=name,
-            model_version=serving.version,
-            max_json_size=self.options.http_max_input_size,
-            resolve_shm=shm.resolve,
+        request = codec.parse_planned(
+            body, headers.header_length, model_codec, name, serving.version, self.options.http_max_input_size
         )
+        if request is None:
+            request = codec.parse_infer_request(
+                body,
+                headers.header_length,
+                config=model_codec,
+                model_name=name,
+                model_version=serving.version,
+                max_json_size=self.options.http_max_input_size,
+                resolve_shm=shm.resolve,
+            )
         return _InferCall(name, serving, request, model_codec, headers.accept_encoding, shm)
 
 
@@ -366,8 +370,17 @@ def _internal_error(model: str, exc: BaseException) -> InternalError:
     return InternalError(f"internal error in infer on model '{model}': {exc}")
 
 
-#: ``reply(status, headers, body)``: how a callback-driven engine is handed an answer.
-Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+class Responder(Protocol):
+    """How a callback-driven engine (the native one) is handed an infer answer."""
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Any answer: its status, headers (without content-length: the engine adds it
+        from ``body``) and body."""
+
+    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        """A 200 answer whose ``headers`` (content-length included) are the same object
+        for every answer of its kind (infer_response.known_answer), so the engine may
+        remember their encoding; the body is ``parts`` joined."""
 
 
 class InferHeaders:
@@ -394,7 +407,7 @@ class _InferCall:
     """One parsed infer request on its way through the model; ``respond`` encodes its
     outputs as (status, headers, body)."""
 
-    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "reply")
+    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "responder")
 
     def __init__(
         self, name: str, serving: ServingModel, request: Any, model_codec: codec.ModelCodec,
@@ -406,16 +419,26 @@ class _InferCall:
         self.codec = model_codec
         self.accept_encoding = accept_encoding
         self.shm = shm
-        self.reply: Reply | None = None  # set for a callback-driven engine (start_infer)
+        self.responder: Responder | None = None  # set for a callback-driven engine (start_infer)
 
     def answer(self, outputs: Any, error: BaseException | None) -> None:
-        """The answer of a submitted request: ``reply`` with its response, or with its
+        """The answer of a submitted request: ``responder`` gets its response, or its
         error; nothing when it was withdrawn (the client is gone)."""
-        reply = self.reply
-        assert reply is not None
+        responder = self.responder
+        assert responder is not None
+        reply = responder.reply
         try:
             if error is None:
-                reply(*self.respond(outputs))
+                known = None
+                if self.accept_encoding is None or infer_response.parse_accept_encoding(self.accept_encoding) is None:
+                    try:
+                        known = infer_response.known_answer(self.request, outputs, self.codec, self.serving.version)
+                    except Exception:  # noqa: BLE001 - the full encoder below reports it properly
+                        known = None
+                if known is not None:
+                    responder.reply_known(*known)
+                else:
+                    reply(*self.respond(outputs))
             elif isinstance(error, asyncio.CancelledError):
                 return
             elif isinstance(error, NereidError):

@@ -65,12 +65,13 @@ class _Lane:
     Learnt only from a read that held exactly one complete POST to an infer route with a
     Content-Length body (at most _LANE_MAX_BODY), no Expect and no Transfer-Encoding."""
 
-    __slots__ = ("head", "length", "request")
+    __slots__ = ("head", "length", "request", "route")
 
-    def __init__(self, head: bytes, length: int, request: _Request) -> None:
+    def __init__(self, head: bytes, length: int, request: _Request, route: tuple[str, str | None]) -> None:
         self.head = head
         self.length = length
         self.request = request  # method, url, headers, keep_alive, http_version to reuse
+        self.route = route  # the infer route of request.url
 
 
 class _Request:
@@ -259,8 +260,16 @@ class _Connection(asyncio.Protocol):
         known = lane.request
         pos = 0
         while data.startswith(head, pos) and len(data) >= pos + end and self._parsing and not self._gone:
-            self._take(_Request(known.method, known.url, known.headers, data[pos + start : pos + end],
-                                known.keep_alive, known.http_version, None, known.infer_headers))
+            body = data[pos + start : pos + end]
+            if self._active is None and not self._queue:
+                # Nothing before it: start it now, with no _Request of its own. The lane's
+                # request stands in as the active one: what answering reads of it (method,
+                # keep-alive) is the repeat's too.
+                self._active = known
+                self._start_infer(lane.route, known, body)
+            else:
+                self._take(_Request(known.method, known.url, known.headers, body,
+                                    known.keep_alive, known.http_version, None, known.infer_headers))
             pos += end
         return data[pos:] if pos else data
 
@@ -281,7 +290,8 @@ class _Connection(asyncio.Protocol):
                 length = int(value)
             elif name in (b"transfer-encoding", b"expect", b"upgrade"):
                 return
-        if length != len(body) or self._server.infer_route(request.url) is None:
+        route = self._server.infer_route(request.url)
+        if length != len(body) or route is None:
             return
         head = data[: len(data) - len(body)]
         # A head ends at its first empty line. If the read held more than this request's
@@ -290,7 +300,7 @@ class _Connection(asyncio.Protocol):
         if head.find(b"\r\n\r\n") != len(head) - 4:
             return
         request.parsed_infer_headers()  # now, for its repeats (it may wait behind another)
-        self._lane = _Lane(head, length, request)
+        self._lane = _Lane(head, length, request, route)
 
     def _refuse(self, error: InvalidInputError) -> None:
         """Answer a request whose body is too large without reading the rest of it, then
@@ -336,14 +346,36 @@ class _Connection(asyncio.Protocol):
             server = self._server
             route = server.infer_route(request.url)
             if route is not None:
-                ticket = server.app.endpoints.start_infer(
-                    route[0], route[1], request.parsed_infer_headers(), request.body, time.monotonic_ns(), self.reply
-                )
-                if ticket is not None:  # None: answered already (and maybe the next one started)
-                    self._ticket = ticket
+                self._start_infer(route, request, request.body)
                 return
         self._exchange = AsgiExchange(self, self._server.app, self._asgi_scope(request))
         self._server.track(self._loop.create_task(self._exchange.run(request.body)))
+
+    def _start_infer(self, route: tuple[str, str | None], request: _Request, body: bytes) -> None:
+        """Hand the active infer request to the endpoints; its answer comes back through
+        ``reply`` or ``reply_known`` (maybe at once)."""
+        ticket = self._server.app.endpoints.start_infer(
+            route[0], route[1], request.parsed_infer_headers(), body, time.monotonic_ns(), self
+        )
+        if ticket is not None:  # None: answered already (and maybe the next one started)
+            self._ticket = ticket
+
+    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        """A 200 answer whose ``headers`` object repeats (Responder.reply_known): its head
+        is encoded once per server and reused while the connection stays open."""
+        request = self._active
+        assert request is not None
+        if not request.keep_alive or self._server.closing or request.method == b"HEAD":
+            self.reply(200, list(headers), b"".join(parts))
+            return
+        self._ticket = None
+        if self._gone:
+            return
+        head = self._server.known_heads.get(headers)
+        if head is None:
+            head = self._server.remember_head(headers)
+        self._transport.write(b"".join([head, *parts]))
+        self._done()
 
     def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Write a complete response to the active request and go on with the next one."""
@@ -466,6 +498,16 @@ class NativeServer:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by serve()
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes: dict[bytes, tuple[str, str | None] | None] = {}
+        #: keep-alive 200 heads of remembered answers, by their headers (reply_known).
+        self.known_heads: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+
+    def remember_head(self, headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+        """The encoded keep-alive 200 head for ``headers`` (which hold content-length)."""
+        head = _STATUS_LINES[200] + b"".join(b"%s: %s\r\n" % pair for pair in headers) + b"\r\n"
+        if len(self.known_heads) >= _MAX_ROUTES:
+            self.known_heads.clear()  # answers of ever-changing shapes must not pile up
+        self.known_heads[headers] = head
+        return head
 
     def infer_route(self, url: bytes) -> tuple[str, str | None] | None:
         """(model name, version text) when a POST to ``url`` is an infer request the fast
