@@ -8,6 +8,7 @@ Knows nothing about queues, scheduling or HTTP.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -24,6 +25,8 @@ from nereid.inference import FINISHED, InferRequest
 from nereid.model_file import ModelClass, describe_exception
 
 __all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
+
+_log = logging.getLogger("nereid")
 
 #: Receives one streamed step on the event loop: each request's own outputs, and whether
 #: that request is finished with this step.
@@ -68,21 +71,58 @@ class _InstanceThreads:
 
     def _serve(self) -> None:
         calls = self._calls
-        while True:
-            call = calls.get()
-            if call is None:
-                return
-            loop, future, fn, args = call
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_reject, future, exc)
-            else:
-                loop.call_soon_threadsafe(_resolve, future, result)
+        while _run_call(calls.get()):
+            pass
 
     def shutdown(self) -> None:
+        """Ask every thread to stop once the calls queued before are done."""
         for _ in self._threads:
             self._calls.put(None)
+
+    async def stop(self, timeout: float) -> bool:
+        """Stop every thread once the calls queued before are done, and wait (up to
+        ``timeout`` seconds) until each has let go of its last call and is exiting. False
+        if one is still busy (stuck in model code): a daemon thread, it cannot keep the
+        process alive."""
+        futures = [self.call(_stopping) for _ in self._threads]  # a thread takes one, then ends
+        done, _ = await asyncio.wait(futures, timeout=timeout)
+        return len(done) == len(futures)
+
+
+#: How long ``ModelInstance.close`` waits for its threads to let go of their last call.
+_STOP_TIMEOUT_S = 2.0
+
+
+class _Stop(Exception):
+    """Raised by the call that tells a thread to stop after answering it."""
+
+
+def _stopping() -> None:
+    raise _Stop()
+
+
+def _run_call(call: Any) -> bool:
+    """Run one queued call and hand its outcome to its loop; False for the stop signal.
+
+    Its own frame, so that a thread waiting for the next call holds no reference to the
+    last one's function, arguments or result (the model object itself, after the call
+    that built it): those must be released by the loop, never by a daemon thread that
+    may still run while the interpreter shuts down (in 3.11 a daemon thread that needs
+    the GIL then is ended by pthread_exit, which aborts the process when it unwinds
+    through C++ code, as torch's tensor destructors are)."""
+    if call is None:
+        return False
+    loop, future, fn, args = call
+    try:
+        result = fn(*args)
+    except _Stop:
+        loop.call_soon_threadsafe(_resolve, future, None)
+        return False
+    except BaseException as exc:  # handed to the awaiting coroutine
+        loop.call_soon_threadsafe(_reject, future, exc)
+    else:
+        loop.call_soon_threadsafe(_resolve, future, result)
+    return True
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:
@@ -306,11 +346,14 @@ class ModelInstance:
             try:
                 await self._threads.call(model.close)
             except Exception:  # a failing close() must not stop the unload
-                import logging
-
-                logging.getLogger("nereid").exception(
+                _log.exception(
                     "model %r instance %s: close() raised", self.context.model_name, self.name
                 )
         self._model = None
         self._infer = None
-        self._threads.shutdown()
+        self._cost = None
+        if not await self._threads.stop(_STOP_TIMEOUT_S):
+            _log.warning(
+                "model %r instance %s: its thread is still busy in model code %.0f s after close; "
+                "left behind as a daemon thread", self.context.model_name, self.name, _STOP_TIMEOUT_S,
+            )

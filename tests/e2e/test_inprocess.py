@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
+import threading
 
 import numpy as np
 import pytest
@@ -145,3 +147,42 @@ def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pyt
     loop_thread, kind = asyncio.run(main())
     assert kind == "KIND_CPU"
     assert len(probed_on) == 1 and probed_on[0] is not loop_thread
+
+
+RELEASE_RECORDING_MODEL = """
+import os
+import threading
+
+class Model:
+    def __init__(self, context):
+        self.path = os.path.join(context.model_dir, "released_by.txt")
+
+    def infer(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    def __del__(self):
+        with open(self.path, "w") as file:
+            file.write(threading.current_thread().name)
+"""
+
+
+@pytest.mark.parametrize("requests", [0, 3])
+def test_an_unloaded_model_is_released_by_the_loop_not_by_its_instance_thread(
+    repo: RepoBuilder, requests: int
+) -> None:
+    # A model released by its (daemon) instance thread could be torn down while the
+    # interpreter shuts down; in 3.11 that aborts the process when the teardown needs the
+    # GIL from C++ code (torch tensors). The instance thread must hold nothing of it.
+    from tests.conftest import IDENTITY_CONFIG
+
+    folder = repo.add("identity", IDENTITY_CONFIG, RELEASE_RECORDING_MODEL)
+
+    async def scenario() -> str:
+        async with nereid.Server(repo.root) as server:
+            for _ in range(requests):
+                await server.ainfer("identity", {"INPUT0": np.ones((1, 4), np.float32)})
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(scenario())
+    gc.collect()
+    assert (folder / "released_by.txt").read_text() == loop_thread
