@@ -189,23 +189,10 @@ class _Callback:
     def done(self) -> bool:
         return self._done
 
-    def set_result(self, result: Any) -> None:
-        # _finish(result, None), written out: this runs once per answered request.
-        if self._done:
-            return
-        self._done = True
-        try:
-            self._on_answer(result, None)
-        except Exception:  # noqa: BLE001 - one caller's failure must not fail its batch mates
-            _log.exception("answering a request failed")
-
-    def set_exception(self, error: BaseException) -> None:
-        self._finish(None, error)
-
-    def cancel(self) -> None:
-        self._finish(None, asyncio.CancelledError())
-
-    def _finish(self, result: Any, error: BaseException | None) -> None:
+    def set_result(self, result: Any, error: BaseException | None = None) -> None:
+        """Call ``on_answer(result, error)`` unless answered already. Also how
+        ``set_exception`` and ``cancel`` answer (one method: the batch calls this one once
+        per answered request, so it is not a wrapper)."""
         if self._done:
             return
         self._done = True
@@ -213,6 +200,12 @@ class _Callback:
             self._on_answer(result, error)
         except Exception:  # noqa: BLE001 - one caller's failure must not fail its batch mates
             _log.exception("answering a request failed")
+
+    def set_exception(self, error: BaseException) -> None:
+        self.set_result(None, error)
+
+    def cancel(self) -> None:
+        self.set_result(None, asyncio.CancelledError())
 
 
 class Ticket:
