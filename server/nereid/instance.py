@@ -57,6 +57,7 @@ class _InstanceThreads:
 
     def __init__(self, count: int, name: str) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stopping: list[asyncio.Future[Any]] | None = None  # what stop() waits for
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}-{index}", daemon=True) for index in range(count)
         ]
@@ -74,35 +75,27 @@ class _InstanceThreads:
         while _run_call(calls.get()):
             pass
 
-    def shutdown(self) -> None:
-        """Ask every thread to stop once the calls queued before are done."""
-        for _ in self._threads:
-            self._calls.put(None)
-
     async def stop(self, timeout: float) -> bool:
         """Stop every thread once the calls queued before are done, and wait (up to
         ``timeout`` seconds) until each has let go of its last call and is exiting. False
         if one is still busy (stuck in model code): a daemon thread, it cannot keep the
         process alive."""
-        futures = [self.call(_stopping) for _ in self._threads]  # a thread takes one, then ends
-        done, _ = await asyncio.wait(futures, timeout=timeout)
-        return len(done) == len(futures)
+        if self._stopping is None:  # once: a second stop would wait for threads long gone
+            self._stopping = [self.call(_stop) for _ in self._threads]  # a thread takes one, then ends
+        done, _ = await asyncio.wait(self._stopping, timeout=timeout)
+        return len(done) == len(self._stopping)
 
 
 #: How long ``ModelInstance.close`` waits for its threads to let go of their last call.
 _STOP_TIMEOUT_S = 2.0
 
 
-class _Stop(Exception):
-    """Raised by the call that tells a thread to stop after answering it."""
-
-
-def _stopping() -> None:
-    raise _Stop()
+def _stop() -> None:
+    """Queued (never called) to tell a thread to answer it and end (``stop``)."""
 
 
 def _run_call(call: Any) -> bool:
-    """Run one queued call and hand its outcome to its loop; False for the stop signal.
+    """Run one queued call and hand its outcome to its loop; False for ``_stop``.
 
     Its own frame, so that a thread waiting for the next call holds no reference to the
     last one's function, arguments or result (the model object itself, after the call
@@ -110,14 +103,12 @@ def _run_call(call: Any) -> bool:
     may still run while the interpreter shuts down (in 3.11 a daemon thread that needs
     the GIL then is ended by pthread_exit, which aborts the process when it unwinds
     through C++ code, as torch's tensor destructors are)."""
-    if call is None:
-        return False
     loop, future, fn, args = call
-    try:
-        result = fn(*args)
-    except _Stop:
+    if fn is _stop:
         loop.call_soon_threadsafe(_resolve, future, None)
         return False
+    try:
+        result = fn(*args)
     except BaseException as exc:  # handed to the awaiting coroutine
         loop.call_soon_threadsafe(_reject, future, exc)
     else:
@@ -167,7 +158,7 @@ class ModelInstance:
         try:
             self._model = await self._threads.call(self._construct)
         except Exception as exc:
-            self._threads.shutdown()
+            await self._threads.stop(_STOP_TIMEOUT_S)
             raise ModelLoadError(
                 self.context.model_name,
                 f"{self.model_class.path}: Model.__init__ failed for instance "
