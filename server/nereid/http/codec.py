@@ -260,10 +260,7 @@ def parse_planned(
     plan = spec.plans.get((body[:json_length], total, max_json_size))
     if plan is None or plan.views is None:
         return None
-    return InferRequest(
-        model_name, _tensors.body_views(plan.views, body), plan.rows, plan.request_id, model_version, plan.outputs,
-        dict(plan.parameters) if plan.parameters else {}, plan.priority, plan.timeout_us, plan.binary_data_output,
-    )
+    return _apply_plan(plan, body, model_name, model_version)  # views only: nothing to check or raise
 
 
 def _parse(
