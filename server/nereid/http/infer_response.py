@@ -244,9 +244,9 @@ def _encode(
         if len(spec.replies) >= _REPLY_CACHE_SIZE:
             spec.replies.clear()  # answers of ever-changing shapes must not pile up
         assert key is not None
-        headers = (
-            (_CT_BINARY, (_IHCL, header_length)) if blobs else (_CT_JSON,)
-        ) + ((b"content-length", b"%d" % (len(header) + blob_size)),)
+        headers = _content_headers(header_length, bool(blobs)) + (
+            (b"content-length", b"%d" % (len(header) + blob_size)),
+        )
         spec.replies[key] = _Reply(request.outputs, header, header_length, tuple(sent), headers, copied)
     return _finish(header, header_length, blobs, accept_encoding)
 
@@ -287,18 +287,18 @@ def _reply_key(
     return tuple(key)
 
 
+def _content_headers(header_length: bytes, binary: bool) -> tuple[tuple[bytes, bytes], ...]:
+    """Content-type, and inference-header-content-length when blobs follow the JSON."""
+    return (_CT_BINARY, (_IHCL, header_length)) if binary else (_CT_JSON,)
+
+
 def _finish(
     header: bytes, header_length: bytes, blobs: list[Any], accept_encoding: str | None
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The response body (JSON header, then the blobs) and its headers, compressed when
     ``accept_encoding`` selects gzip or deflate."""
-    headers: list[tuple[bytes, bytes]]
-    if blobs:
-        headers = [_CT_BINARY, (_IHCL, header_length)]
-        parts = [header, *blobs]
-    else:
-        headers = [_CT_JSON]
-        parts = [header]
+    headers = list(_content_headers(header_length, bool(blobs)))
+    parts = [header, *blobs] if blobs else [header]
     encoding = parse_accept_encoding(accept_encoding) if accept_encoding else None
     if encoding is None:
         return (header if len(parts) == 1 else b"".join(parts)), headers
