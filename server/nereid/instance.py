@@ -22,6 +22,7 @@ from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import FINISHED, InferRequest
+from nereid.model_faults import MODEL_FAULTS, FaultLog
 from nereid.model_file import ModelClass, describe_exception
 
 __all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
@@ -131,8 +132,11 @@ class ModelInstance:
     thread; ``run_batch()`` executes one batch; ``close()`` calls the model's ``close()``
     and stops the threads. ``capacity`` batches may run at once."""
 
-    def __init__(self, model_class: ModelClass, context: ModelContext, config: ModelConfig) -> None:
+    def __init__(
+        self, model_class: ModelClass, context: ModelContext, config: ModelConfig, faults: FaultLog = MODEL_FAULTS
+    ) -> None:
         self.model_class = model_class
+        self.faults = faults
         self.context = context
         self.config = config
         self.name = context.instance_name
@@ -158,6 +162,7 @@ class ModelInstance:
         try:
             self._model = await self._threads.call(self._construct)
         except Exception as exc:
+            self._fault("__init__", exc)
             await self._threads.stop(_STOP_TIMEOUT_S)
             raise ModelLoadError(
                 self.context.model_name,
@@ -167,13 +172,30 @@ class ModelInstance:
             ) from exc
         self._infer = self._model.infer
         if self.model_class.has_batch_size:
-            self._cost = self._model.batch_size
+            self._cost = self._batch_size
+
+    def _batch_size(self, inputs: dict[str, np.ndarray]) -> int:
+        """The model's ``batch_size(inputs)``, its failures logged as model faults."""
+        try:
+            return self._model.batch_size(inputs)  # type: ignore[no-any-return]
+        except Exception as exc:
+            self._fault("batch_size", exc)
+            raise
+
+    def _fault(self, stage: str, exc: BaseException) -> None:
+        self.faults.record(self.context.model_name, self.context.model_version, stage, exc)
+
+    def _output_fault(self, error: NereidError) -> None:
+        if isinstance(error, ModelExecutionError):
+            self.faults.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
 
     def _construct(self) -> Any:
         if self.context.device.startswith("cuda"):
             import torch  # lazily: only GPU instances need it
 
             torch.cuda.set_device(self.context.device)
+        if not self.model_class.init_takes_context:
+            return self.model_class.cls()
         return self.model_class.cls(self.context)
 
     async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
@@ -228,6 +250,7 @@ class ModelInstance:
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
+            self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, time.monotonic_ns() - t2)
@@ -269,6 +292,7 @@ class ModelInstance:
             finally:
                 steps.close()
         except NereidError as exc:
+            self._output_fault(exc)
             return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
@@ -292,6 +316,7 @@ class ModelInstance:
             finally:
                 await steps.aclose()
         except NereidError as exc:
+            self._output_fault(exc)
             return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         except Exception as exc:
             return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
@@ -325,6 +350,7 @@ class ModelInstance:
         return parts, finished
 
     def _execution_error(self, exc: BaseException) -> ModelExecutionError:
+        self._fault("infer", exc)
         model = self.context.model_name
         return ModelExecutionError(
             f'model "{model}" raised in infer: {describe_exception(exc)}', model=model
@@ -336,10 +362,8 @@ class ModelInstance:
         if model is not None and self.model_class.has_close:
             try:
                 await self._threads.call(model.close)
-            except Exception:  # a failing close() must not stop the unload
-                _log.exception(
-                    "model %r instance %s: close() raised", self.context.model_name, self.name
-                )
+            except Exception as exc:  # a failing close() must not stop the unload
+                self._fault("close", exc)
         self._model = None
         self._infer = None
         self._cost = None

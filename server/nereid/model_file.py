@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nereid.errors import ModelLoadError
+from nereid.model_faults import MODEL_FAULTS, FaultLog
 
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
 
@@ -42,6 +43,9 @@ class ModelClass:
     infer_takes_parameters: bool
     has_batch_size: bool
     has_close: bool
+    #: ``__init__(self, context)``; False for a Model without an ``__init__`` of its own
+    #: (or one taking only ``self``): it is built with no arguments.
+    init_takes_context: bool = True
 
 
 class _SiblingFinder(importlib.abc.MetaPathFinder):
@@ -76,12 +80,14 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def load_model_class(model_file: Path, model_name: str) -> ModelClass:
+def load_model_class(
+    model_file: Path, model_name: str, version: int | None = None, faults: FaultLog = MODEL_FAULTS
+) -> ModelClass:
     """Import ``model_file`` under a fresh module name and return its ``Model`` class.
 
     Raises ModelLoadError with a reason naming the file for a missing file, an import
-    error (message only; callers log the traceback), a missing ``Model`` class, or a
-    ``Model`` without a callable ``infer``.
+    error (its traceback goes to ``faults``, the reason is its message), a missing
+    ``Model`` class, or a ``Model`` without a callable ``infer``.
     """
     if not model_file.is_file():
         raise ModelLoadError(model_name, f"{model_file}: model file not found", str(model_file))
@@ -100,6 +106,7 @@ def load_model_class(model_file: Path, model_name: str) -> ModelClass:
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(module_name, None)
+            faults.record(model_name, version, "import", exc)
             raise ModelLoadError(
                 model_name, f"{model_file}: import failed: {type(exc).__name__}: {exc}", str(model_file)
             ) from exc
@@ -128,6 +135,7 @@ def load_model_class(model_file: Path, model_name: str) -> ModelClass:
         infer_takes_parameters=_takes_second_argument(infer),
         has_batch_size=callable(getattr(cls, "batch_size", None)),
         has_close=callable(getattr(cls, "close", None)),
+        init_takes_context=_takes_context(cls),
     )
 
 
@@ -138,14 +146,26 @@ def unload_model_module(model_class: ModelClass) -> None:
         sys.modules.pop(name, None)
 
 
+def _takes_context(cls: type) -> bool:
+    """Whether ``Model(context)`` is the way to build it (else ``Model()``)."""
+    init = next(vars(base)["__init__"] for base in cls.__mro__ if "__init__" in vars(base))  # object has one
+    return init is not object.__init__ and _takes_argument(init, 1)
+
+
 def _takes_second_argument(infer: object) -> bool:
     """Whether ``Model.infer`` accepts a parameter after ``self`` and ``inputs``."""
+    return _takes_argument(infer, 2)
+
+
+def _takes_argument(method: object, index: int) -> bool:
+    """Whether an unbound ``method`` accepts a positional argument at ``index`` (0 is
+    ``self``). True when its signature cannot be read (call it the documented way)."""
     try:
-        parameters = list(inspect.signature(infer).parameters.values())  # type: ignore[arg-type]
+        parameters = list(inspect.signature(method).parameters.values())  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return False
+        return index < 2
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    return len(positional) > index or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _ensure_package(name: str, folder: Path | None) -> None:

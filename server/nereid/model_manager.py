@@ -31,6 +31,7 @@ from nereid.errors import (
 )
 from nereid.inference import InferRequest
 from nereid.instance import ModelInstance
+from nereid.model_faults import MODEL_FAULTS
 from nereid.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
 from nereid.options import MODEL_CONTROL_MODES
 from nereid.repository import CONFIG_FILE, ModelSource, VersionSource, check_model_name, list_model_names, read_model
@@ -598,7 +599,7 @@ class ModelManager:
             samples = await asyncio.to_thread(
                 build_samples, config, source.path, model_version=version.version
             )
-            model_class = await asyncio.to_thread(load_model_class, version.model_file, name)
+            model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
             for index, (_, device) in enumerate(placements(config)):
                 context = ModelContext(
                     model_name=name,
@@ -625,6 +626,7 @@ class ModelManager:
         except BaseException as exc:
             for instance in instances:
                 await instance.close()
+            MODEL_FAULTS.flush(name, version.version)  # the next load attempt logs its failures afresh
             if model_class is not None:
                 unload_model_module(model_class)
             if isinstance(exc, ModelLoadError):
@@ -659,6 +661,7 @@ async def _close_serving(serving: ServingModel) -> None:
     await serving.batcher.aclose()
     for instance in serving.instances:
         await instance.close()
+    MODEL_FAULTS.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
     unload_model_module(serving.model_class)
 
 

@@ -96,3 +96,20 @@ def test_missing_model_file(tmp_path: Path) -> None:
 def test_a_second_infer_argument_asks_for_request_parameters(tmp_path: Path, signature: str, takes: bool) -> None:
     path = model_dir(tmp_path, "m", f"class Model:\n    {signature}\n        return {{}}\n")
     assert load_model_class(path, "m").infer_takes_parameters is takes
+
+
+@pytest.mark.parametrize(
+    ("init", "takes_context"),
+    [
+        pytest.param("", False, id="no __init__"),
+        pytest.param("    def __init__(self):\n        pass\n", False, id="self only"),
+        pytest.param("    def __init__(self, context):\n        pass\n", True, id="context"),
+        pytest.param("    def __init__(self, *args):\n        pass\n", True, id="varargs"),
+    ],
+)
+def test_a_model_without_a_context_parameter_is_built_with_no_arguments(
+    tmp_path: Path, init: str, takes_context: bool
+) -> None:
+    model = "class Model:\n" + init + "    def infer(self, inputs):\n        return inputs\n"
+    loaded = load_model_class(model_dir(tmp_path, "m", model), "m")
+    assert loaded.init_takes_context is takes_context
