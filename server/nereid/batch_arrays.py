@@ -174,11 +174,14 @@ def split(
 
     Every value becomes a numpy array of the config output's dtype: torch tensors (any
     device) are moved to host, numeric arrays are cast when numpy calls it ``same_kind``,
-    STRING outputs may be sequences of ``str``/``bytes`` (str is UTF-8 encoded). For
-    batching models axis 0 must be the batch's total rows; each request then gets views
-    of its rows, in request order (a single request gets the arrays themselves). A
-    non-batching model runs one request per call and gets the outputs whole. Output order
-    in every dict is the order the model returned them.
+    STRING outputs may be sequences of ``str``/``bytes`` (str is UTF-8 encoded). Every
+    shape is checked against the config: ``[rows] + dims`` for batching models (axis 0
+    the batch's total rows), ``dims`` otherwise, -1 matching any size; an output with a
+    ``reshape`` may come in the reshape's shape instead and is reshaped to ``dims``, as
+    Triton does. Each request then gets views of its rows, in request order (a single
+    request gets the arrays themselves). A non-batching model runs one request per call
+    and gets the outputs whole. Output order in every dict is the order the model
+    returned them.
     """
     if type(outputs) is not dict and not isinstance(outputs, Mapping):
         raise ModelExecutionError(
@@ -203,6 +206,9 @@ def split(
             raise InternalError(
                 f'model "{model_name}" does not batch, but split() got {len(requests)} requests'
             )
+        for name, array in converted.items():
+            if array.shape != _config_output(config, name).dims:
+                converted[name] = _checked_shape(array, _config_output(config, name), model_name, None)
         return [converted]
 
     count = len(requests)
@@ -217,6 +223,9 @@ def split(
                 f"(the batch), got shape {list(array.shape)}",
                 model=model_name,
             )
+        spec = _config_output(config, name)
+        if array.shape[1:] != spec.dims:
+            converted[name] = _checked_shape(array, spec, model_name, total)
     if count == 1:
         return [converted]
     names = list(converted)
@@ -234,6 +243,41 @@ def split(
         only = names[0]
         return [{only: view} for view in columns[0]]
     return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def _config_output(config: ModelConfig, name: str) -> ModelOutput:
+    spec = config.output_by_name(name)
+    assert spec is not None  # split() checked every returned name
+    return spec
+
+
+def _checked_shape(array: Array, spec: ModelOutput, model_name: str, rows: int | None) -> Array:
+    """``array`` when its shape matches ``[rows] + dims`` (``dims`` when ``rows`` is
+    None; -1 matches any size), or reshaped to that when it matches ``[rows] + reshape``;
+    else ModelExecutionError naming the output, the expected and the actual shape. Called
+    only when the shape is not plainly equal to the dims (the fast case)."""
+    batch = () if rows is None else (rows,)
+    got = array.shape
+    if _matches(got, batch + spec.dims):
+        return array
+    if spec.reshape is not None and _matches(got, batch + spec.reshape):
+        target = batch + spec.dims
+        return array.reshape(target) if target.count(-1) <= 1 else array
+    prefix = "" if rows is None else f"[batch {rows}] + "
+    expected = f"{list(batch + spec.dims)} ({prefix}dims {list(spec.dims)})"
+    if spec.reshape is not None:
+        expected += f" or {list(batch + spec.reshape)} ({prefix}reshape {list(spec.reshape)})"
+    hint = ""
+    if spec.data_type.is_bytes and len(got) == len(batch + spec.dims) - 1:
+        hint = " (a STRING output is a nested list or object array of that shape, e.g. [[s] for s in texts] for dims [1])"
+    raise ModelExecutionError(
+        f'model "{model_name}", output "{spec.name}": expected shape {expected}, got {list(got)}{hint}',
+        model=model_name,
+    )
+
+
+def _matches(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    return len(shape) == len(expected) and all(e == -1 or e == s for s, e in zip(shape, expected))
 
 
 def _to_array(value: Any, spec: ModelOutput, model_name: str) -> Array:

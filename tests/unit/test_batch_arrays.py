@@ -318,12 +318,12 @@ def test_torch_bfloat16_tensors_become_bf16_arrays() -> None:
 @pytest.mark.parametrize(
     "value, per_request",
     [
-        pytest.param(["héllo", b"raw"], [[b"h\xc3\xa9llo"], [b"raw"]], id="list of str and bytes"),
+        pytest.param([["héllo"], [b"raw"]], [[[b"h\xc3\xa9llo"]], [[b"raw"]]], id="lists of str and bytes"),
         pytest.param([["a", "b"], ["c", "d"]], [[[b"a", b"b"]], [[b"c", b"d"]]], id="nested lists"),
-        pytest.param(("a", "b"), [[b"a"], [b"b"]], id="tuple"),
-        pytest.param(np.array(["a", "b"]), [[b"a"], [b"b"]], id="numpy str array"),
-        pytest.param(np.array([b"a", b"b"]), [[b"a"], [b"b"]], id="numpy bytes array"),
-        pytest.param(np.array(["a", b"b"], dtype=object), [[b"a"], [b"b"]], id="object array"),
+        pytest.param((("a",), ("b",)), [[[b"a"]], [[b"b"]]], id="tuples"),
+        pytest.param(np.array([["a"], ["b"]]), [[[b"a"]], [[b"b"]]], id="numpy str array"),
+        pytest.param(np.array([[b"a"], [b"b"]]), [[[b"a"]], [[b"b"]]], id="numpy bytes array"),
+        pytest.param(np.array([["a"], [b"b"]], dtype=object), [[[b"a"]], [[b"b"]]], id="object array"),
     ],
 )
 def test_string_outputs_become_object_arrays_of_bytes(value: Any, per_request: list[Any]) -> None:
@@ -332,6 +332,69 @@ def test_string_outputs_become_object_arrays_of_bytes(value: Any, per_request: l
     assert [r["TEXT"].dtype for r in results] == [np.dtype(object)] * 2
     assert [r["TEXT"].tolist() for r in results] == per_request
     assert all(type(item) is bytes for r in results for item in r["TEXT"].flat)
+
+
+def test_a_flat_string_list_for_dims_1_names_the_shape_it_should_have() -> None:
+    cfg = config(outputs=(ModelOutput("TEXT", BYTES, (1,)),))
+    with pytest.raises(ModelExecutionError) as caught:
+        split({"TEXT": ["a", "b"]}, [request(), request()], cfg, "m")
+    assert caught.value.message == (
+        'model "m", output "TEXT": expected shape [2, 1] ([batch 2] + dims [1]), got [2] '
+        "(a STRING output is a nested list or object array of that shape, e.g. [[s] for s in texts] for dims [1])"
+    )
+
+
+@pytest.mark.parametrize(
+    "dims, shape",
+    [
+        pytest.param((16,), (1, 8), id="short dim"),
+        pytest.param((16,), (1, 16, 1), id="extra dim"),
+        pytest.param((16,), (1,), id="missing dim"),
+        pytest.param((-1, 4), (1, 3, 5), id="fixed dim after a wildcard"),
+    ],
+)
+def test_an_output_whose_shape_differs_from_its_dims_fails_the_batch(dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
+    cfg = config(outputs=(ModelOutput("OUTPUT0", FP32, dims),))
+    with pytest.raises(ModelExecutionError) as caught:
+        split({"OUTPUT0": np.zeros(shape, np.float32)}, [request()], cfg, "m")
+    assert caught.value.message == (
+        f'model "m", output "OUTPUT0": expected shape {[1, *dims]} ([batch 1] + dims {list(dims)}), got {list(shape)}'
+    )
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4), (2, 1, 4), (2, 0, 4)])
+def test_wildcard_dims_take_any_size(shape: tuple[int, ...]) -> None:
+    cfg = config(outputs=(ModelOutput("OUTPUT0", FP32, (-1, 4)),))
+    results = split({"OUTPUT0": np.zeros(shape, np.float32)}, [request(), request()], cfg, "m")
+    assert [r["OUTPUT0"].shape for r in results] == [(1, *shape[1:])] * 2
+
+
+def test_an_output_in_its_reshape_shape_is_reshaped_to_its_dims() -> None:
+    """Triton's [batch] idiom: dims [1] with an empty reshape; the model returns [rows]."""
+    cfg = config(outputs=(ModelOutput("OUTPUT0", FP32, (1,), reshape=()),))
+    results = split({"OUTPUT0": np.array([1.0, 2.0], np.float32)}, [request(), request()], cfg, "m")
+    assert [r["OUTPUT0"].tolist() for r in results] == [[[1.0]], [[2.0]]]
+    same = split({"OUTPUT0": np.array([[1.0], [2.0]], np.float32)}, [request(), request()], cfg, "m")
+    assert [r["OUTPUT0"].tolist() for r in same] == [[[1.0]], [[2.0]]]
+
+
+def test_a_reshape_mismatch_names_both_shapes() -> None:
+    cfg = config(outputs=(ModelOutput("OUTPUT0", FP32, (4,), reshape=(2, 2)),))
+    with pytest.raises(ModelExecutionError) as caught:
+        split({"OUTPUT0": np.zeros((1, 3), np.float32)}, [request()], cfg, "m")
+    assert caught.value.message == (
+        'model "m", output "OUTPUT0": expected shape [1, 4] ([batch 1] + dims [4]) '
+        "or [1, 2, 2] ([batch 1] + reshape [2, 2]), got [1, 3]"
+    )
+
+
+def test_a_non_batching_model_output_is_checked_against_its_dims() -> None:
+    cfg = config(outputs=(ModelOutput("OUTPUT0", FP32, (2, -1)),), max_batch_size=0)
+    (result,) = split({"OUTPUT0": np.zeros((2, 7), np.float32)}, [request()], cfg, "m")
+    assert result["OUTPUT0"].shape == (2, 7)
+    with pytest.raises(ModelExecutionError) as caught:
+        split({"OUTPUT0": np.zeros((7,), np.float32)}, [request()], cfg, "m")
+    assert caught.value.message == 'model "m", output "OUTPUT0": expected shape [2, -1] (dims [2, -1]), got [7]'
 
 
 def test_a_non_batching_model_gets_its_outputs_whole() -> None:
