@@ -7,10 +7,11 @@ argparse parser and ServerOptions.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from nereid import __version__
 from nereid.options import HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
@@ -28,17 +29,24 @@ def _bool(text: str) -> bool:
 
 
 def _size(text: str) -> int:
-    value = int(text)
-    if value <= 0:
+    value = _int(text)
+    if value is None or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {text!r}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
+    value = _int(text)
+    if value is None or not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
     return value
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ _FLAGS = (
     _Flag("--allow-metrics", "allow_metrics", _bool, "serve Prometheus metrics (default true)"),
     _Flag("--model-control-mode", "model_control_mode", str, "none | poll | explicit (default none)", MODEL_CONTROL_MODES),
     _Flag("--repository-poll-secs", "repository_poll_secs", float, "poll interval in poll mode (default 5)"),
-    _Flag("--load-model", "load_model", str, "explicit mode: a model to load at start (repeatable; * for all)", repeat=True),
+    _Flag("--load-model", "load_model", str, "explicit mode: models to load at start (--load-model a b, or repeated; * for all)", repeat=True),
     _Flag("--strict-readiness", "strict_readiness", _bool, "ready only when every model is READY (default true)"),
     _Flag("--exit-timeout-secs", "exit_timeout_secs", float, "seconds to let in-flight requests finish on shutdown (default 30)"),
     _Flag("--log-verbose", "log_verbose", int, "verbose logging level (0: off)"),
@@ -75,17 +83,28 @@ _FLAGS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: what is wrong and where the flags are listed
+    (argparse's default prints the whole usage first, which buries the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog if self.prog.endswith(" serve") else f"{self.prog} serve"  # the one command
+        self.exit(2, f"{self.prog}: {message} (see '{command} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nereid", description="A Python model server speaking Triton's HTTP protocol.")
+    parser = _Parser(prog="nereid", description="A Python model server speaking Triton's HTTP protocol.")
     parser.add_argument("--version", action="version", version=f"nereid {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="serve a model repository")
     for row in _FLAGS:
         kwargs: dict[str, Any] = {"dest": row.field, "type": row.parse, "help": row.help, "default": None}
         if row.choices:
             kwargs["choices"] = row.choices
-        if row.repeat:
-            kwargs["action"] = "append"
+        if row.repeat:  # tritonserver's way (several names after one flag) and repeated flags
+            kwargs["action"] = "extend"
+            kwargs["nargs"] = "+"
+            kwargs["metavar"] = "NAME"
         if row.field == "model_repository":
             kwargs["required"] = True
         serve.add_argument(row.flag, **kwargs)
@@ -106,8 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         options = options_from_args(args)
-        if not options.model_repository.is_dir():
-            print(f"nereid: --model-repository {options.model_repository}: not a folder", file=sys.stderr)
+        problem = _repository_problem(options.model_repository)
+        if problem is not None:
+            print(f"nereid: --model-repository {options.model_repository}: {problem}", file=sys.stderr)
             return 2
         from nereid.server import Server  # imported late: `nereid --help` stays fast
 
@@ -118,3 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return server.run()
     return 2  # pragma: no cover - argparse requires a command
+
+
+def _repository_problem(path: Path) -> str | None:
+    """Why the repository folder cannot be served, or None."""
+    if not path.exists():
+        return "no such folder"
+    if not path.is_dir():
+        return "not a folder"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot read the folder (permission denied)"
+    return None

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
+import sys
 
 from typing import Any, Iterator
 
@@ -25,7 +28,7 @@ from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 
-__all__ = ["Server", "format_model_table"]
+__all__ = ["Server", "StartupError", "format_model_table"]
 
 _log = logging.getLogger("nereid")
 
@@ -47,6 +50,40 @@ def format_model_table(entries: list[IndexEntry]) -> str:
             lines.append(rule)
     lines.append(rule)
     return "\n".join(lines)
+
+
+class StartupError(Exception):
+    """The server cannot start (its HTTP port cannot be bound): one line for the operator."""
+
+
+_LISTEN_ADVICE = {
+    errno.EADDRINUSE: "address already in use (another server is running there? choose another --http-port)",
+    errno.EACCES: "permission denied (ports below 1024 need privileges; choose another --http-port)",
+    errno.EADDRNOTAVAIL: "this host has no such address (check --http-address)",
+}
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before any model loads, so that a
+    busy port is one clear StartupError and "serving" is logged only once it is bound."""
+    where = f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot listen on {where}: --http-address {host!r} does not resolve ({exc.strerror})") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc))
+        raise StartupError(f"cannot listen on {where}: {reason}") from exc
+    sock.setblocking(False)
+    return sock
 
 
 class Server(InProcessServer):
@@ -84,25 +121,40 @@ class Server(InProcessServer):
             self._shutdown.set()
 
     async def serve(self) -> None:
-        """Serve until shutdown(); then drain and unload the models."""
+        """Serve until shutdown(); then drain and unload the models. Raises StartupError
+        when the HTTP port cannot be bound (before any model loads)."""
         self._shutdown = asyncio.Event()
         self.started = asyncio.Event()
-        engine = self.options.http_server
-        where = f"fd {self.options.http_fd}" if self.options.http_fd is not None else f"{self.options.http_address}:{self.options.http_port}"
-        _log.info("nereid serving %s on %s (HTTP engine: %s)", self.options.model_repository, where, engine)
+        options = self.options
+        engine = options.http_server
+        if engine not in ("native", "uvicorn", "hypercorn", "granian"):
+            raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
+        listener: socket.socket | None = None
+        fd = options.http_fd
+        if fd is None:
+            listener = _listen(options.http_address, options.http_port)
+            fd = listener.fileno()
+            host, port = listener.getsockname()[:2]
+            where = f"{host}:{port}"
+            if engine == "granian":  # binds by address only: hand the port back to it
+                listener.close()
+                listener, fd = None, None
+        else:
+            where = f"fd {fd}"
+        _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
         metrics = await self._start_metrics()
         try:
             if engine == "native":
-                await self._serve_native()
+                await self._serve_native(fd)
             elif engine == "uvicorn":
-                await self._serve_uvicorn()
+                await self._serve_uvicorn(fd)
             elif engine == "hypercorn":
-                await self._serve_hypercorn()
-            elif engine == "granian":
-                await self._serve_granian()
+                await self._serve_hypercorn(fd)
             else:
-                raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
+                await self._serve_granian()
         finally:
+            if listener is not None:
+                listener.close()
             if metrics is not None:
                 await metrics.aclose()
                 self.metrics_port = None
@@ -129,28 +181,24 @@ class Server(InProcessServer):
         _log.info("metrics on http://%s:%d/metrics", options.http_address, listener.port)
         return listener
 
-    async def _serve_native(self) -> None:
+    async def _serve_native(self, fd: int | None) -> None:
         from nereid.http.native import NativeServer
 
         options = self.options
         server = NativeServer(
             self.app, max_request_size=options.max_request_size, graceful_timeout=options.exit_timeout_secs
         )
-        assert self._shutdown is not None
-        await server.serve(self._shutdown, host=options.http_address, port=options.http_port, fd=options.http_fd)
+        assert self._shutdown is not None and fd is not None
+        await server.serve(self._shutdown, fd=fd)
 
-    async def _serve_uvicorn(self) -> None:
+    async def _serve_uvicorn(self, fd: int | None) -> None:
         import uvicorn
 
+        assert fd is not None
         options = self.options
-        kwargs: dict[str, Any] = {}
-        if options.http_fd is not None:
-            kwargs["fd"] = options.http_fd
-        else:
-            kwargs["host"] = options.http_address
-            kwargs["port"] = options.http_port
         config = uvicorn.Config(
             self.app,
+            fd=fd,
             http=_coalescing_httptools_protocol(),
             loop="none",
             lifespan="on",
@@ -160,7 +208,6 @@ class Server(InProcessServer):
             date_header=False,
             proxy_headers=False,  # nereid is not behind a proxy by default; saves a layer per request
             timeout_graceful_shutdown=int(options.exit_timeout_secs),
-            **kwargs,
         )
         server = _quiet_uvicorn(config)
         assert self._shutdown is not None
@@ -171,16 +218,13 @@ class Server(InProcessServer):
         await serving
         watcher.cancel()
 
-    async def _serve_hypercorn(self) -> None:
+    async def _serve_hypercorn(self, fd: int | None) -> None:
         from hypercorn.asyncio import serve
         from hypercorn.config import Config
 
         options = self.options
         config = Config()
-        if options.http_fd is not None:
-            config.bind = [f"fd://{options.http_fd}"]
-        else:
-            config.bind = [f"{options.http_address}:{options.http_port}"]
+        config.bind = [f"fd://{fd}"]
         config.accesslog = None
         config.errorlog = logging.getLogger("nereid.hypercorn")
         config.graceful_timeout = options.exit_timeout_secs
@@ -228,11 +272,15 @@ class Server(InProcessServer):
             await self.serve()
 
         try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-            asyncio.run(main())
-        else:
-            uvloop.run(main())
+            try:
+                import uvloop
+            except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+                asyncio.run(main())
+            else:
+                uvloop.run(main())
+        except StartupError as exc:
+            print(f"nereid: {exc}", file=sys.stderr)
+            return 1
         return 0
 
 

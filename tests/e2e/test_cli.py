@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, RepoBuilder, RunningServer
+from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, free_port
 
 GOOD = """
 max_batch_size = 4
@@ -102,4 +103,58 @@ def test_missing_repository_folder_is_a_clear_cli_error(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "nereid", "serve", "--model-repository", str(tmp_path / "nope")],
                             capture_output=True, text=True)
     assert result.returncode == 2
-    assert f"--model-repository {tmp_path / 'nope'}: not a folder" in result.stderr
+    assert result.stderr == f"nereid: --model-repository {tmp_path / 'nope'}: no such folder\n"
+    (tmp_path / "file").write_text("")
+    result = run_cli("serve", "--model-repository", str(tmp_path / "file"))
+    assert (result.returncode, result.stderr) == (2, f"nereid: --model-repository {tmp_path / 'file'}: not a folder\n")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nereid", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        pytest.param(("--bogus",), "nereid: unrecognized arguments: --bogus (see 'nereid serve --help')", id="unknown-flag"),
+        pytest.param(("--http-port", "x"), "nereid serve: argument --http-port: expected a port 0..65535, got 'x' "
+                     "(see 'nereid serve --help')", id="bad-port"),
+        pytest.param(("--model-control-mode", "sometimes"), "nereid serve: argument --model-control-mode: invalid choice: "
+                     "'sometimes' (choose from 'none', 'poll', 'explicit') (see 'nereid serve --help')", id="bad-choice"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(args: tuple[str, ...], error: str) -> None:
+    result = run_cli("serve", "--model-repository", str(EXAMPLES), *args)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", error + "\n")
+
+
+def test_a_busy_http_port_is_one_line_and_a_non_zero_exit_before_any_model_loads(repo: RepoBuilder) -> None:
+    repo.add("good", GOOD)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--model-repository", str(repo.root), "--http-port", str(port),
+                         "--metrics-port", str(free_port()))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"nereid: cannot listen on 127.0.0.1:{port}: address already in use "
+        "(another server is running there? choose another --http-port)\n"
+    )
+
+
+def test_serving_is_logged_once_the_port_is_bound(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    repo.add("good", GOOD)
+    server = serve(repo.root)
+    lines = server.log().splitlines()
+    serving = next(i for i, line in enumerate(lines) if "nereid serving" in line)
+    loaded = next(i for i, line in enumerate(lines) if "successfully loaded 'good'" in line)
+    assert f"on 127.0.0.1:{server.port} (HTTP engine: native)" in lines[serving]
+    assert serving < loaded  # bound first, so a busy port fails before any model loads
+
+
+def test_load_model_takes_several_names_like_tritonserver(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    for name in ("a", "b", "c", "d"):
+        repo.add(name, GOOD)
+    server = serve(repo.root, "--model-control-mode", "explicit", "--load-model", "a", "b", "--load-model", "c")
+    assert [get(server, f"/v2/models/{name}/ready") for name in ("a", "b", "c", "d")] == [200, 200, 200, 400]

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import http
 import logging
+import os
 import socket
 import time
 from typing import Any
@@ -539,8 +540,8 @@ class NativeServer:
         lifespan = Lifespan(self.app, self.state)
         await lifespan.startup()
         try:
-            if fd is not None:
-                sock = socket.socket(fileno=fd)
+            if fd is not None:  # a duplicate: the caller keeps (and closes) its own
+                sock = socket.socket(fileno=os.dup(fd))
                 listener = await self.loop.create_server(lambda: _Connection(self), sock=sock, backlog=2048)
             else:
                 listener = await self.loop.create_server(
