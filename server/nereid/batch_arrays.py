@@ -190,6 +190,7 @@ def split(
             model=model_name,
         )
     converted: dict[str, Array] = {}
+    specs: list[ModelOutput] = []  # in the order of ``converted``
     for name, value in outputs.items():
         spec = config.output_by_name(name)
         if spec is None:
@@ -200,15 +201,16 @@ def split(
                 model=model_name,
             )
         converted[name] = _to_array(value, spec, model_name)
+        specs.append(spec)
 
     if config.max_batch_size <= 0:
         if len(requests) != 1:
             raise InternalError(
                 f'model "{model_name}" does not batch, but split() got {len(requests)} requests'
             )
-        for name, array in converted.items():
-            if array.shape != _config_output(config, name).dims:
-                converted[name] = _checked_shape(array, _config_output(config, name), model_name, None)
+        for spec, array in zip(specs, list(converted.values())):
+            if array.shape != spec.dims:
+                converted[spec.name] = _checked_shape(array, spec, model_name, None)
         return [converted]
 
     count = len(requests)
@@ -216,14 +218,14 @@ def split(
         raise InternalError("split() needs at least one request")
     rows = [requests[0].rows] if count == 1 else [request.rows for request in requests]
     total = rows[0] if count == 1 else sum(rows)
-    for name, array in converted.items():
+    for spec, array in zip(specs, list(converted.values())):
+        name = spec.name
         if array.ndim == 0 or array.shape[0] != total:
             raise ModelExecutionError(
                 f'model "{model_name}", output "{name}": expected axis 0 of length {total} '
                 f"(the batch), got shape {list(array.shape)}",
                 model=model_name,
             )
-        spec = _config_output(config, name)
         if array.shape[1:] != spec.dims:
             converted[name] = _checked_shape(array, spec, model_name, total)
     if count == 1:
@@ -243,12 +245,6 @@ def split(
         only = names[0]
         return [{only: view} for view in columns[0]]
     return [dict(zip(names, row)) for row in zip(*columns)]
-
-
-def _config_output(config: ModelConfig, name: str) -> ModelOutput:
-    spec = config.output_by_name(name)
-    assert spec is not None  # split() checked every returned name
-    return spec
 
 
 def _checked_shape(array: Array, spec: ModelOutput, model_name: str, rows: int | None) -> Array:
