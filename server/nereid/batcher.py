@@ -31,7 +31,8 @@ from nereid.inference import InferRequest
 from nereid.request_queue import QueuedRequest, RequestQueue
 from nereid.stats import ModelStats
 
-__all__ = ["DynamicBatcher", "Instance", "OnAnswer", "Outcome", "Ticket"]
+__all__ = ["SYSTEM_CLOCK", "Cancellable", "Clock", "DynamicBatcher", "Instance", "OnAnswer", "Outcome", "PreciseTimer",
+           "SystemClock", "Ticket"]
 
 _log = logging.getLogger("nereid")
 
@@ -62,6 +63,47 @@ class Instance(Protocol):
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
 
     async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
+
+
+class Cancellable(Protocol):
+    """A scheduled call that can be called off (``asyncio.TimerHandle`` is one)."""
+
+    def cancel(self) -> None: ...
+
+
+class PreciseTimer(Protocol):
+    """Wakes one future at a time at a ``monotonic_ns`` deadline: how a batcher waits out
+    a short queue delay. One per batcher."""
+
+    def wake_at(self, deadline_ns: int, future: asyncio.Future[None], /) -> None:
+        """Resolve ``future`` once now reaches ``deadline_ns`` (replaces the pending wake)."""
+
+    def cancel(self) -> None:
+        """Call off the pending wake, if any."""
+
+    def stop(self) -> None:
+        """No more wakes (the batcher closed)."""
+
+
+class Clock(Protocol):
+    """Where a DynamicBatcher's time comes from: ``SYSTEM_CLOCK`` (real time, the default),
+    or a fake whose time moves only when a test says so.
+
+    Times are nanoseconds on one monotonic timeline, except ``call_at``'s ``when``: seconds
+    (``deadline_ns / 1e9``), the event loop's unit, so that real time's ``call_at`` is the
+    loop's own method and the batcher calls it with nothing in between.
+    """
+
+    def monotonic_ns(self) -> int:
+        """Now."""
+
+    def call_at(self, when: float, callback: Callable[..., object], /, *args: Any) -> Cancellable:
+        """Call ``callback(*args)`` on the running loop once now reaches ``when`` seconds
+        (``asyncio.AbstractEventLoop.call_at``'s contract). Millisecond steps are good enough:
+        the batcher uses it for request timeouts and for queue delays of 2 ms or more."""
+
+    def precise_timer(self, name: str, /) -> PreciseTimer:
+        """A timer for the batcher named ``name``, for waits shorter than 2 ms."""
 
 
 class _PreciseTimer:
@@ -126,6 +168,27 @@ class _PreciseTimer:
 
 #: Waits shorter than this go to the precise timer (event-loop timers have 1 ms steps).
 _PRECISE_BELOW_NS = 2_000_000
+
+
+class SystemClock:
+    """Real time: ``time.monotonic_ns``, the running loop's timers (``loop.time()`` is
+    ``time.monotonic()``, the same timeline) and a thread for waits shorter than their 1 ms
+    steps (``_PreciseTimer``)."""
+
+    monotonic_ns = staticmethod(time.monotonic_ns)
+
+    @staticmethod
+    def call_at(when: float, callback: Callable[..., object], /, *args: Any) -> Cancellable:
+        """The running loop's ``call_at`` (a batcher binds that one directly once entered)."""
+        return asyncio.get_running_loop().call_at(when, callback, *args)
+
+    @staticmethod
+    def precise_timer(name: str, /) -> PreciseTimer:
+        return _PreciseTimer(name)
+
+
+#: The default clock of every DynamicBatcher.
+SYSTEM_CLOCK = SystemClock()
 
 
 class _Stream:
@@ -244,15 +307,20 @@ class DynamicBatcher:
         signature_of: Callable[[Any], Any] = lambda payload: None,
         rows_of: Callable[[Any], int] = lambda payload: 1,
         streaming: bool = False,
-        clock: Callable[[], int] = time.monotonic_ns,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """A batcher over generic payloads: ``cost_of`` counts a payload against
         ``max_batch_size``, payloads batch together only with equal ``signature_of``, and
-        ``rows_of`` is what statistics count. ``for_model`` builds one for InferRequests."""
+        ``rows_of`` is what statistics count. ``for_model`` builds one for InferRequests.
+        ``clock`` is where time comes from (tests pass one they move by hand)."""
         self.model_name = model_name
         self.instances = tuple(instances)
         self.stats = stats
-        self._clock = clock
+        self._time = clock
+        # The clock's parts, looked up once: for SYSTEM_CLOCK ``_clock`` is time.monotonic_ns
+        # itself, and ``_call_at`` becomes the loop's own call_at in __aenter__.
+        self._clock: Callable[[], int] = clock.monotonic_ns
+        self._call_at: Callable[..., Cancellable] = clock.call_at
         self._cost_of = cost_of
         self._signature_of = signature_of
         self._rows_of = rows_of
@@ -264,7 +332,7 @@ class DynamicBatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
         self._executing = 0
-        self._timer = _PreciseTimer(model_name)
+        self._timer = clock.precise_timer(model_name)
         # preserve_ordering: requests in arrival order, and the outcomes of those that
         # finished before an earlier one (held back until it finishes).
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
@@ -325,6 +393,10 @@ class DynamicBatcher:
         return self._executing
 
     async def __aenter__(self) -> DynamicBatcher:
+        if isinstance(self._time, SystemClock):
+            # Real time's timers are the loop's: bind its call_at once, so that scheduling a
+            # request's timeout costs what calling the loop directly costs.
+            self._call_at = asyncio.get_running_loop().call_at
         for instance in self.instances:
             for slot in range(instance.capacity):
                 task = asyncio.create_task(
@@ -435,7 +507,7 @@ class DynamicBatcher:
         _wake_optional(self._arrival)
         if item.deadline_ns:
             # Timeouts fire even while every instance is busy and nobody forms a batch.
-            asyncio.get_running_loop().call_at(item.deadline_ns / 1e9, self._expire_timeouts)
+            self._call_at(item.deadline_ns / 1e9, self._expire_timeouts)
         return item, received_ns
 
     # -- workers -----------------------------------------------------------------------
@@ -477,8 +549,7 @@ class DynamicBatcher:
                         self._timer.wake_at(wake_at, arrival)
                         precise = True
                     else:
-                        # loop.time() is time.monotonic(), the same clock as monotonic_ns.
-                        timer = loop.call_at(wake_at / 1e9, _wake, arrival)
+                        timer = self._call_at(wake_at / 1e9, _wake, arrival)
                 try:
                     await arrival
                 finally:

@@ -1,17 +1,24 @@
-"""DynamicBatcher through its front door, with fake instances that record what they get."""
+"""DynamicBatcher through its front door, with fake instances that record what they get.
+
+Time is a ManualClock: it moves only when a test advances it, and a test waits for the
+batcher's tasks with ``until`` (a condition) or ``settle`` (to see that nothing happens),
+never by sleeping.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pytest
 
-from nereid.batcher import DynamicBatcher
+from nereid.batcher import SYSTEM_CLOCK, DynamicBatcher
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
 from nereid.stats import ModelStats
+from tests.unit.manual_clock import ManualClock, settle, until
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,24 @@ class FakeInstance:
         return Outcome([item * 2 for item in items], None)
 
 
-def make(instances: list[FakeInstance], max_batch_size: int = 8, **batching: Any) -> DynamicBatcher:
-    return DynamicBatcher(
+class _Batcher(DynamicBatcher):
+    """A check failing inside ``async with`` stops the batcher at once instead of draining
+    it: an instance held at a gate would keep the drain, and so the test, waiting."""
+
+    async def __aexit__(self, exc_type: object, *rest: object) -> None:
+        await self.aclose(drain_timeout=0 if exc_type is not None else None)
+
+
+def make(
+    instances: list[FakeInstance], max_batch_size: int = 8, clock: ManualClock | None = None, **batching: Any
+) -> DynamicBatcher:
+    return _Batcher(
         model_name="m",
         max_batch_size=max_batch_size,
         dynamic_batching=DynamicBatching(**batching),
         instances=instances,
         stats=ModelStats("m", 1),
+        clock=clock or ManualClock(),
     )
 
 
@@ -80,9 +98,9 @@ def test_requests_arriving_while_the_instance_is_busy_are_batched_together() -> 
         instance = FakeInstance(gate=gate)
         async with make([instance], max_batch_size=8, max_queue_delay_microseconds=0) as batcher:
             first = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.01)
+            await until(lambda: len(instance.batches) == 1)
             rest = [asyncio.ensure_future(batcher.infer(i)) for i in range(1, 6)]
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 5)
             gate.set()
             await asyncio.gather(first, *rest)
         assert [len(b) for b in instance.batches] == [1, 5]
@@ -96,7 +114,8 @@ def test_two_idle_instances_both_take_work() -> None:
         a, b = FakeInstance("a", gate=gate), FakeInstance("b", gate=gate)
         async with make([a, b], max_batch_size=1) as batcher:
             calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(2)]
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 0)
+            await settle()
             assert len(a.batches) == 1 and len(b.batches) == 1
             gate.set()
             await asyncio.gather(*calls)
@@ -110,7 +129,8 @@ def test_max_concurrent_batches_lets_one_instance_run_several_batches() -> None:
         instance = FakeInstance(capacity=3, gate=gate)
         async with make([instance], max_batch_size=1) as batcher:
             calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 0)
+            await settle()
             assert len(instance.batches) == 3
             gate.set()
             await asyncio.gather(*calls)
@@ -139,9 +159,9 @@ def test_queue_full_rejects_with_tritons_message() -> None:
         policy = QueuePolicy(max_queue_size=1)
         async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.01)
+            await until(lambda: len(instance.batches) == 1)
             queued = asyncio.ensure_future(batcher.infer(1))
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 1)
             with pytest.raises(QueueFullError, match="Exceeds maximum queue size"):
                 await batcher.infer(2)
             gate.set()
@@ -154,14 +174,24 @@ def test_queued_request_times_out_with_request_timeout_expired() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()
         instance = FakeInstance(gate=gate)
+        clock = ManualClock()
         policy = QueuePolicy(default_timeout_microseconds=20_000)
-        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+        async with make([instance], max_batch_size=1, clock=clock, default_queue_policy=policy) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.005)
+            await until(lambda: len(instance.batches) == 1)
+            queued = asyncio.ensure_future(batcher.infer(1))
+            await until(lambda: batcher.queue_depth == 1)
+            # The instance is busy, so no batch is being formed: the timeout fires on its own.
+            clock.advance(20_000_000 - 1)
+            await settle()
+            assert not queued.done()
+            clock.advance(1)
+            await until(queued.done)
             with pytest.raises(RequestTimeoutError, match="Request timeout expired"):
-                await batcher.infer(1)
+                await queued
             gate.set()
             await running
+        assert batcher.stats.failures_by_reason["REJECTED"] == 1
 
     run(scenario())
 
@@ -185,12 +215,16 @@ def test_a_request_timeout_counts_without_a_default_one_only_when_overriding_is_
     async def scenario() -> None:
         gate = asyncio.Event()
         instance = FakeInstance(gate=gate)
+        clock = ManualClock()
         policy = QueuePolicy(allow_timeout_override=override)
-        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+        async with make([instance], max_batch_size=1, clock=clock, default_queue_policy=policy) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.005)
+            await until(lambda: len(instance.batches) == 1)
             queued = asyncio.ensure_future(batcher.infer(_Timed(3)))
-            await asyncio.sleep(0.05)
+            await until(lambda: batcher.queue_depth == 1)
+            clock.advance(50_000_000)  # well past the request's 20 ms
+            await settle()
+            assert queued.done() is times_out
             gate.set()
             await running
             if times_out:
@@ -208,10 +242,10 @@ def test_a_higher_priority_request_goes_first_through_the_batcher() -> None:
         instance = FakeInstance(gate=gate)
         async with make([instance], max_batch_size=1, priority_levels=2, default_priority_level=2) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.005)
+            await until(lambda: len(instance.batches) == 1)
             normal = asyncio.ensure_future(batcher.infer(1))
             urgent = asyncio.ensure_future(batcher.infer(_Urgent(5)))
-            await asyncio.sleep(0.005)
+            await until(lambda: batcher.queue_depth == 2)
             gate.set()
             assert await asyncio.gather(running, normal, urgent) == [0, 2, 10]
         assert instance.batches == [[0], [5], [1]]
@@ -225,15 +259,16 @@ def test_a_cancelled_caller_takes_its_request_out_of_the_queue() -> None:
         instance = FakeInstance(gate=gate)
         async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
-            await asyncio.sleep(0.01)
+            await until(lambda: len(instance.batches) == 1)
             gone = asyncio.ensure_future(batcher.infer(99))
             kept = asyncio.ensure_future(batcher.infer(1))
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 2)
             gone.cancel()
-            await asyncio.sleep(0.01)
+            await until(lambda: batcher.queue_depth == 1)
             gate.set()
             assert await asyncio.gather(running, kept) == [0, 2]
         assert all(99 not in batch for batch in instance.batches)
+        assert batcher.stats.failures_by_reason["CANCELED"] == 1
 
     run(scenario())
 
@@ -244,7 +279,9 @@ def test_closing_drains_queued_requests_without_waiting_out_the_delay() -> None:
         batcher = make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9)
         await batcher.__aenter__()
         calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
-        await asyncio.sleep(0.01)
+        await until(lambda: batcher.queue_depth == 3)
+        await settle()
+        assert instance.batches == []  # waiting out the (1000 s) delay
         await batcher.aclose()
         assert await asyncio.gather(*calls) == [0, 2, 4]
 
@@ -258,6 +295,48 @@ def test_set_max_batch_size_applies_to_later_batches() -> None:
             batcher.set_max_batch_size(2)
             await asyncio.gather(*(batcher.infer(i) for i in range(4)))
         assert [len(b) for b in instance.batches] == [2, 2]
+
+    run(scenario())
+
+
+# 100 µs waits go to the precise timer, 5 ms ones to the loop's call_at (1 ms steps).
+@pytest.mark.parametrize("delay_us", [100, 5_000])
+def test_a_partial_batch_leaves_once_its_oldest_request_waited_the_queue_delay(delay_us: int) -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = FakeInstance()
+        delay_ns = delay_us * 1000
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=delay_us) as batcher:
+            first = asyncio.ensure_future(batcher.infer(0))
+            await until(lambda: clock.pending == [clock.monotonic_ns() + delay_ns])
+            clock.advance(delay_ns // 2)
+            rest = [asyncio.ensure_future(batcher.infer(i)) for i in (1, 2)]
+            await until(lambda: batcher.queue_depth == 3)
+            clock.advance(delay_ns // 2 - 1)
+            await settle()
+            assert instance.batches == []
+            clock.advance(1)
+            await until(lambda: first.done() and all(call.done() for call in rest))
+            assert [first.result()] + [call.result() for call in rest] == [0, 2, 4]
+        assert instance.batches == [[0, 1, 2]]
+        # Queue times, exactly: the first waited the whole delay, the others half of it.
+        assert batcher.stats.queue.ns == delay_ns + 2 * (delay_ns // 2)
+        assert clock.pending == []
+
+    run(scenario())
+
+
+def test_set_max_queue_delay_wakes_a_batch_that_waits_out_the_old_delay() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = FakeInstance()
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=10**9) as batcher:
+            calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
+            await until(lambda: batcher.queue_depth == 3 and clock.pending)
+            batcher.set_max_queue_delay(0)
+            await until(lambda: all(call.done() for call in calls))
+            assert [call.result() for call in calls] == [0, 2, 4]
+        assert instance.batches == [[0, 1, 2]]
 
     run(scenario())
 
@@ -290,9 +369,9 @@ class FakeStreamingInstance:
 
 
 def make_streaming(instance: FakeStreamingInstance, **batching: Any) -> DynamicBatcher:
-    return DynamicBatcher(
+    return _Batcher(
         model_name="s", max_batch_size=8, dynamic_batching=DynamicBatching(**batching),
-        instances=[instance], stats=ModelStats("s", 1), streaming=True,
+        instances=[instance], stats=ModelStats("s", 1), streaming=True, clock=ManualClock(),
     )
 
 
@@ -318,9 +397,27 @@ def test_the_generator_stops_once_every_caller_is_gone() -> None:
             stream = batcher.stream(1000)
             first = await stream.__anext__()
             await stream.aclose()
-            await asyncio.sleep(0.05)
+            await until(lambda: batcher.executing == 0)
         assert first == 1000
         assert instance.steps_run < 1000
+
+    run(scenario())
+
+
+def test_a_stream_left_while_queued_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        instance = FakeStreamingInstance()
+        async with make_streaming(instance, max_queue_delay_microseconds=10**9) as batcher:
+            async def consume() -> list[int]:
+                return [step async for step in batcher.stream(2)]
+
+            reader = asyncio.ensure_future(consume())
+            await until(lambda: batcher.queue_depth == 1)
+            reader.cancel()
+            await until(reader.done)
+            assert batcher.queue_depth == 0
+        assert instance.batches == []
+        assert batcher.stats.failures_by_reason["CANCELED"] == 1
 
     run(scenario())
 
@@ -331,9 +428,10 @@ def test_preserve_ordering_holds_a_later_response_until_earlier_ones_are_answere
         slow, fast = FakeInstance("slow", gate=gate), FakeInstance("fast")
         async with make([slow, fast], max_batch_size=1, preserve_ordering=preserve) as batcher:
             first = asyncio.ensure_future(batcher.infer(1))
-            await asyncio.sleep(0.01)  # taken by the first idle instance, which waits at the gate
+            await until(lambda: len(slow.batches) == 1)  # the first idle instance waits at the gate
             second = asyncio.ensure_future(batcher.infer(2))
-            await asyncio.sleep(0.05)  # executed by the other instance
+            await until(lambda: len(fast.batches) == 1 and batcher.executing == 1)  # the other ran it
+            await settle()
             second_early = second.done()
             gate.set()
             return second_early, list(await asyncio.gather(first, second))
@@ -357,13 +455,12 @@ def test_submit_with_on_answer_calls_it_once_per_request_from_the_batch() -> Non
         instance.run_batch = recording_run_batch  # type: ignore[method-assign]
         async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
             first = batcher.submit(1, None, lambda result, error: answers.append((result, error)))
-            await asyncio.sleep(0.01)  # running, held at the gate
+            await until(lambda: len(instance.batches) == 1)  # running, held at the gate
             for item in (2, 3):
                 batcher.submit(item, None, lambda result, error: answers.append((result, error)))
             gate.set()
-            while len(answers) < 3:
-                await asyncio.sleep(0.001)
-            await asyncio.sleep(0.01)
+            await until(lambda: len(answers) == 3)
+            await settle()  # and no more
         assert answers == [(2, None), (4, None), (6, None)]
         assert first.future.done()
         # The first batch's answer was given before the second batch was formed.
@@ -383,14 +480,13 @@ def test_submit_with_on_answer_reports_errors_and_withdrawal() -> None:
 
         async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
             batcher.submit(0, None, on(0))
-            await asyncio.sleep(0.01)
+            await until(lambda: len(instance.batches) == 1)
             withdrawn = batcher.submit(5, None, on(5))
             batcher.submit(99, None, on(99))
             withdrawn.withdraw()
             withdrawn.withdraw()  # twice: still answered once
             gate.set()
-            while len(answers) < 3:
-                await asyncio.sleep(0.001)
+            await until(lambda: len(answers) == 3)
         assert answers[0] == (0, None)
         assert answers[5][0] is None and isinstance(answers[5][1], asyncio.CancelledError)
         assert answers[99][0] is None and isinstance(answers[99][1], ModelExecutionError)
@@ -413,14 +509,13 @@ def test_a_failing_on_answer_does_not_stop_its_batch_mates(caplog: pytest.LogCap
         async with make([instance], max_batch_size=4, max_queue_delay_microseconds=0) as batcher:
             running = batcher.infer(0)
             held = asyncio.ensure_future(running)
-            await asyncio.sleep(0.01)  # the first batch waits at the gate: the next four queue
+            await until(lambda: len(instance.batches) == 1)  # at the gate: the next four queue
             batcher.submit(1, None, broken)
             for item in (2, 3, 4):
                 batcher.submit(item, None, lambda result, error: answers.append(result))
             gate.set()
             await held
-            while len(answers) < 3:
-                await asyncio.sleep(0.001)
+            await until(lambda: len(answers) == 3)
             answers.append(await batcher.infer(5))  # the batcher still serves
         return answers, instance.batches
 
@@ -428,3 +523,18 @@ def test_a_failing_on_answer_does_not_stop_its_batch_mates(caplog: pytest.LogCap
     assert answers == [4, 6, 8, 10]
     assert batches[1] == [1, 2, 3, 4]
     assert "answering a request failed" in caplog.text
+
+
+def test_the_default_clock_is_real_time_called_with_nothing_in_between() -> None:
+    async def scenario() -> None:
+        batcher = DynamicBatcher(
+            model_name="m", max_batch_size=8, dynamic_batching=DynamicBatching(), instances=[FakeInstance()],
+            stats=ModelStats("m", 1),
+        )
+        assert batcher._clock is time.monotonic_ns is SYSTEM_CLOCK.monotonic_ns
+        async with batcher:
+            # Timeouts and queue delays are scheduled with the loop's own call_at.
+            assert batcher._call_at == asyncio.get_running_loop().call_at
+            assert await batcher.infer(4) == 8
+
+    run(scenario())
