@@ -67,7 +67,7 @@ class ModelReading:
 def read_models(manager: ModelManager) -> list[ModelReading]:
     """A ModelReading per READY model version."""
     return [
-        ModelReading(s.stats, s.batcher.queue_depth, s.batcher.executing) for s in manager.serving_models()
+        ModelReading(s.stats, s.queue_depth, s.executing) for s in manager.serving_models()
     ]
 
 

@@ -11,7 +11,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterator
+from typing import Generic, Hashable, Iterator, TypeVar
 
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import QueueFullError
@@ -23,37 +23,41 @@ _seq = itertools.count()
 
 @dataclass(slots=True, eq=False)
 class QueuedRequest:
-    """One request waiting in a model's queue.
+    """What the queue keeps of one waiting request (the batcher's ``pending.Pending``
+    extends it with the request itself and how it is answered).
 
-    ``payload`` is whatever the batcher needs back (the InferRequest); ``cost`` counts
-    against max_batch_size (rows, or the model's ``batch_size()``); requests batch together
-    only when their ``signature`` is equal. ``deadline_ns`` 0 means no timeout.
+    ``cost`` counts against max_batch_size (rows, or the model's ``batch_size()``);
+    requests batch together only when their ``signature`` is equal; ``deadline_ns`` 0
+    means no timeout. The rest is the queue's own (``push`` and ``decide`` set it).
     """
 
-    payload: Any
     cost: int
     signature: Hashable
     level: int
     enqueued_ns: int
-    deadline_ns: int = 0
-    timeout_action: str = "REJECT"
-    seq: int = field(default_factory=_seq.__next__)
-    removed: bool = False
-    delayed: bool = False
+    deadline_ns: int
+    timeout_action: str = field(default="REJECT", init=False)
+    seq: int = field(default_factory=_seq.__next__, init=False)
+    removed: bool = field(default=False, init=False)
+    delayed: bool = field(default=False, init=False)
+
+
+#: The queue's entries: QueuedRequest or a record that extends it (the batcher's Pending).
+Entry = TypeVar("Entry", bound=QueuedRequest)
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(Generic[Entry]):
     """What the queue says at ``now``: a batch to run (``batch``), and/or the requests
     whose timeout expired under REJECT (``expired``, to be failed), and when to ask again
     if nothing new arrives (``wake_at_ns``; None: only on arrival)."""
 
-    batch: tuple[QueuedRequest, ...] = ()
-    expired: tuple[QueuedRequest, ...] = ()
+    batch: tuple[Entry, ...] = ()
+    expired: tuple[Entry, ...] = ()
     wake_at_ns: int | None = None
 
 
-class RequestQueue:
+class RequestQueue(Generic[Entry]):
     """The queue of one model, with Triton's dynamic batcher rules.
 
     A batch leaves when (Triton's ``GetDynamicBatch``): the queued work reaches
@@ -92,10 +96,10 @@ class RequestQueue:
             policy.default_timeout_microseconds > 0 or policy.allow_timeout_override
             for policy in self._policies.values()
         )
-        self._normal: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
-        self._delayed: dict[int, deque[QueuedRequest]] = {level: deque() for level in self.levels}
+        self._normal: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
+        self._delayed: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
         self._sizes: dict[int, int] = {level: 0 for level in self.levels}
-        self._deadlines: list[tuple[int, int, QueuedRequest]] = []
+        self._deadlines: list[tuple[int, int, Entry]] = []
         self._live = 0
 
     def __len__(self) -> int:
@@ -136,7 +140,7 @@ class RequestQueue:
             timeout = timeout_us
         return now_ns + timeout * 1000 if timeout > 0 else 0
 
-    def push(self, item: QueuedRequest) -> None:
+    def push(self, item: Entry) -> None:
         """Queue a request. Raises QueueFullError when its level holds max_queue_size."""
         policy = self._policies[item.level]
         if policy.max_queue_size > 0 and self._sizes[item.level] >= policy.max_queue_size:
@@ -148,24 +152,24 @@ class RequestQueue:
         if item.deadline_ns:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
 
-    def discard(self, item: QueuedRequest) -> bool:
+    def discard(self, item: Entry) -> bool:
         """Take a request out (its caller went away). True if it was still queued."""
         if item.removed:
             return False
         self._remove(item)
         return True
 
-    def _remove(self, item: QueuedRequest) -> None:
+    def _remove(self, item: Entry) -> None:
         item.removed = True
         self._sizes[item.level] -= 1
         self._live -= 1
 
-    def expire(self, now_ns: int) -> tuple[QueuedRequest, ...]:
+    def expire(self, now_ns: int) -> tuple[Entry, ...]:
         """Apply timeouts due at ``now_ns`` without forming a batch: REJECT requests are
         removed and returned (to be failed), DELAY requests move behind the others."""
         return self._expire(now_ns)
 
-    def decide(self, now_ns: int, *, flush: bool = False) -> Decision:
+    def decide(self, now_ns: int, *, flush: bool = False) -> Decision[Entry]:
         """Expire timed-out requests, then take a batch if one is due at ``now_ns``.
 
         ``flush`` treats the queue delay as expired (used while draining on unload)."""
@@ -176,7 +180,7 @@ class RequestQueue:
                 return Decision((item,), expired, None)
             return Decision((), expired, self._next_deadline())
 
-        items: list[QueuedRequest] = []
+        items: list[Entry] = []
         pending = 0
         best_count = 0
         send_now = False
@@ -218,7 +222,7 @@ class RequestQueue:
 
     # -- internals -------------------------------------------------------------------
 
-    def _in_order(self) -> Iterator[QueuedRequest]:
+    def _in_order(self) -> Iterator[Entry]:
         for level in self.levels:
             normal = self._normal[level]
             while normal and (normal[0].removed or normal[0].delayed):
@@ -233,7 +237,7 @@ class RequestQueue:
                 if not item.removed:
                     yield item
 
-    def _take(self, batch: tuple[QueuedRequest, ...]) -> None:
+    def _take(self, batch: tuple[Entry, ...]) -> None:
         for item in batch:
             self._remove(item)
         # Taken items are a prefix of the live order: drop them from the deque heads.
@@ -245,11 +249,11 @@ class RequestQueue:
             while delayed and delayed[0].removed:
                 delayed.popleft()
 
-    def _expire(self, now_ns: int) -> tuple[QueuedRequest, ...]:
+    def _expire(self, now_ns: int) -> tuple[Entry, ...]:
         heap = self._deadlines
         if not heap or heap[0][0] > now_ns:
             return ()
-        expired: list[QueuedRequest] = []
+        expired: list[Entry] = []
         while heap and heap[0][0] <= now_ns:
             _, _, item = heapq.heappop(heap)
             if item.removed or item.delayed:
@@ -276,7 +280,7 @@ class RequestQueue:
                 oldest = item.enqueued_ns
         return oldest if oldest is not None else 0
 
-    def _heads(self) -> Iterator[QueuedRequest]:
+    def _heads(self) -> Iterator[Entry]:
         """The first live request of each level's normal and delayed queue."""
         for level in self.levels:
             for item in self._normal[level]:

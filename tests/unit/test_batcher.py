@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import pytest
 
-from nereid.batcher import SYSTEM_CLOCK, DynamicBatcher
+from nereid.batcher import DynamicBatcher
+from nereid.clock import SYSTEM_CLOCK
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
 from nereid.stats import ModelStats
@@ -462,7 +463,7 @@ def test_submit_with_on_answer_calls_it_once_per_request_from_the_batch() -> Non
             await until(lambda: len(answers) == 3)
             await settle()  # and no more
         assert answers == [(2, None), (4, None), (6, None)]
-        assert first.future.done()
+        assert first.answer.done()
         # The first batch's answer was given before the second batch was formed.
         assert seen_when_next_batch_formed == [0, 1]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,15 +15,22 @@ from nereid.request_queue import QueuedRequest, RequestQueue
 US = 1_000
 
 
-def make_queue(max_batch_size: int = 8, **batching: object) -> RequestQueue:
+def make_queue(max_batch_size: int = 8, **batching: object) -> RequestQueue[Named]:
     return RequestQueue(max_batch_size=max_batch_size, dynamic_batching=DynamicBatching(**batching))  # type: ignore[arg-type]
 
 
-def push(queue: RequestQueue, now: int, cost: int = 1, signature: object = "s", priority: int = 0,
-         timeout_us: int | None = None, name: str = "") -> QueuedRequest:
+@dataclass(slots=True, eq=False)
+class Named(QueuedRequest):
+    """A queue entry that says which request it is."""
+
+    name: str
+
+
+def push(queue: RequestQueue[Named], now: int, cost: int = 1, signature: object = "s", priority: int = 0,
+         timeout_us: int | None = None, name: str = "") -> Named:
     level = queue.level_for(priority)
-    item = QueuedRequest(payload=name, cost=cost, signature=signature, level=level, enqueued_ns=now,
-                         deadline_ns=queue.deadline_for(level, now, timeout_us))
+    item = Named(cost=cost, signature=signature, level=level, enqueued_ns=now,
+                 deadline_ns=queue.deadline_for(level, now, timeout_us), name=name)
     queue.push(item)
     return item
 
@@ -146,16 +155,16 @@ def test_timeout_delay_moves_the_request_behind_unexpired_ones() -> None:
     push(queue, 1, name="fresh", timeout_us=10**6)
     first = queue.decide(20 * US)
     assert first.expired == ()
-    assert [i.payload for i in first.batch] == ["fresh"]
-    assert [i.payload for i in queue.decide(21 * US).batch] == ["late"]
+    assert [i.name for i in first.batch] == ["fresh"]
+    assert [i.name for i in queue.decide(21 * US).batch] == ["late"]
 
 
 def test_higher_priority_level_goes_first() -> None:
     queue = make_queue(max_batch_size=1, priority_levels=2, default_priority_level=2)
     push(queue, 0, name="low")
     push(queue, 1, name="high", priority=1)
-    assert [i.payload for i in queue.decide(2).batch] == ["high"]
-    assert [i.payload for i in queue.decide(3).batch] == ["low"]
+    assert [i.name for i in queue.decide(2).batch] == ["high"]
+    assert [i.name for i in queue.decide(3).batch] == ["low"]
 
 
 def test_out_of_range_priority_uses_the_default_level() -> None:
@@ -180,11 +189,11 @@ def test_discarded_request_is_never_taken() -> None:
     push(queue, 0, name="kept")
     assert queue.discard(gone) is True
     assert queue.discard(gone) is False
-    assert [i.payload for i in queue.decide(1).batch] == ["kept"]
+    assert [i.name for i in queue.decide(1).batch] == ["kept"]
 
 
 def test_without_dynamic_batching_each_batch_is_one_request() -> None:
-    queue = RequestQueue(max_batch_size=8, dynamic_batching=None)
+    queue: RequestQueue[Named] = RequestQueue(max_batch_size=8, dynamic_batching=None)
     push(queue, 0)
     push(queue, 0)
     assert len(queue.decide(0).batch) == 1
