@@ -1,0 +1,421 @@
+"""Connection: one client socket of the native engine, HTTP/1.1 over httptools' parser.
+
+Owns one connection's framing: requests parsed by httptools callbacks, pipelined requests
+answered one at a time in order (reading pauses when too many wait), Expect: 100-continue,
+chunked request bodies, the request size limit, keep-alive and ``connection: close``, and
+the response bytes (Content-Length or chunked; a ``reply_known`` head encoded once per
+headers object and server). Infer requests go straight to ``Endpoints.start_infer`` (the
+connection is their ``Responder``); every other request goes to the ASGI app through
+``asgi_bridge`` (the connection is that exchange's ``Responder`` too).
+
+A request that repeats the head of the connection's last plain infer request byte for
+byte is taken without the parser (a repeat: ``RepeatMatcher``); when nothing else is in
+flight on the connection it is started at once, without a ``_Request`` of its own (a
+direct start). ``ShortcutCounters`` counts both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import TYPE_CHECKING, Any
+
+import httptools
+
+from nereid.errors import InvalidInputError
+from nereid.http._asgi import body_too_large, check_declared_length, error_parts
+from nereid.http.asgi_bridge import AsgiExchange, http_scope
+from nereid.http.endpoints import InferHeaders
+from nereid.http.native_response import CONTINUE, response_head
+from nereid.http.repeat_matcher import RepeatMatcher
+
+if TYPE_CHECKING:
+    from nereid.http.native import NativeServer
+
+__all__ = ["Connection", "MAX_PIPELINED"]
+
+#: Complete requests a connection may hold unanswered (pipelining) before it stops reading.
+MAX_PIPELINED = 16
+_BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
+
+
+class _Request:
+    """One complete request waiting for (or getting) its answer."""
+
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http_version", "refusal", "infer_headers")
+
+    def __init__(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+        keep_alive: bool, http_version: str, refusal: InvalidInputError | None,
+        infer_headers: InferHeaders | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.http_version = http_version
+        #: answered with this error instead of being served (size limit, unparsable request).
+        self.refusal = refusal
+        #: what the infer path reads of ``headers`` (made when first needed, by
+        #: ``parsed_infer_headers``; repeats share the one of the request they repeat).
+        self.infer_headers = infer_headers
+
+    def parsed_infer_headers(self) -> InferHeaders:
+        """``infer_headers``, made from ``headers`` the first time."""
+        parsed = self.infer_headers
+        if parsed is None:
+            parsed = self.infer_headers = InferHeaders(self.headers)
+        return parsed
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests and answers them one at a time, in order."""
+
+    def __init__(self, server: NativeServer) -> None:
+        self._server = server
+        self._loop = server.loop
+        self._shortcuts = server.shortcuts
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: Any = None
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._active: _Request | None = None
+        self._ticket: Any = None  # the active infer request's ticket (to withdraw on disconnect)
+        self._exchange: AsgiExchange | None = None
+        self._head = b""  # a streamed response's head, sent with its first part
+        self._chunked = False
+        self._gone = False
+        self._in_next = False
+        self._reading = True
+        self._parsing = True  # False after a parse error, an upgrade, a refused body or a close
+        self._write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        # the request being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._refusal: InvalidInputError | None = None
+        # repeats: the learnt head, the request it came with and its infer route
+        self._learns = server.match_repeats
+        self._repeats: RepeatMatcher | None = None
+        self._repeated: _Request | None = None
+        self._repeated_route: tuple[str, str | None] = ("", None)
+        self._in_message = False  # the parser is inside a request (not at a boundary)
+        self._begun = 0  # requests begun during the current read
+        self._completed: _Request | None = None  # the last request the parser completed
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gone = True
+        self._parsing = False
+        self._server.connections.discard(self)
+        if self._ticket is not None:
+            self._ticket.withdraw()
+            self._ticket = None
+        if self._exchange is not None:
+            self._exchange.disconnect()
+        self._queue.clear()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        """Take the repeats a read starts with (when it starts at a message boundary), give
+        the rest to the parser, and learn the head of a read that was one whole request."""
+        if not self._parsing:
+            return
+        repeats = self._repeats
+        if repeats is not None and not self._in_message:
+            bodies = repeats.match(data)
+            if bodies:
+                request = self._repeated
+                assert request is not None
+                direct = 0
+                for body in bodies:
+                    if not self._parsing:
+                        break
+                    if self._active is None and not self._queue:
+                        # Nothing before it: start it now, with no _Request of its own. The
+                        # repeated request stands in as the active one: what answering reads
+                        # of it (method, keep-alive) is the repeat's too.
+                        direct += 1
+                        self._active = request
+                        self._start_infer(self._repeated_route, request, body)
+                    else:
+                        self._take(_Request(request.method, request.url, request.headers, body,
+                                            request.keep_alive, request.http_version, None, request.infer_headers))
+                shortcuts = self._shortcuts
+                shortcuts.repeats += len(bodies)
+                shortcuts.direct_starts += direct
+                taken = len(bodies) * repeats.size
+                if taken == len(data) or not self._parsing:
+                    return
+                data = data[taken:]
+        at_boundary = not self._in_message
+        self._begun = 0
+        self._completed = None
+        try:
+            self._parser.feed_data(data)
+            if self._begun == 1 and at_boundary and self._completed is not None and not self._in_message:
+                self._learn(data, self._completed)
+        except httptools.HttpParserUpgrade:
+            # nereid speaks HTTP/1.1 only: answer the request as is, then close (what
+            # follows on the socket would be the other protocol).
+            self._parsing = False
+            if self._queue:
+                self._queue[-1].keep_alive = False
+            self._next()
+        except httptools.HttpParserError:
+            self._parsing = False
+            self._queue.append(_Request(b"", b"", [], b"", False, "1.1", None))
+            self._next()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._begun += 1
+        self._url = b""
+        self._headers = []
+        self._chunks = []
+        self._size = 0
+        self._refusal = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        limit = self._server.max_request_size
+        expect_continue = False
+        for name, value in self._headers:
+            if name == b"content-length":
+                try:
+                    check_declared_length(value, limit)
+                except InvalidInputError as exc:
+                    self._refuse(exc)
+                    return
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect_continue = True
+        if expect_continue and self._active is None and not self._queue and not self._gone:
+            self._transport.write(CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        if self._refusal is not None:
+            return
+        self._size += len(body)
+        if self._size > self._server.max_request_size:
+            self._refuse(body_too_large(self._server.max_request_size))
+            return
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        if self._refusal is not None:
+            return  # already queued by _refuse
+        chunks = self._chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        parser = self._parser
+        request = _Request(parser.get_method(), self._url, self._headers, body, parser.should_keep_alive(),
+                           parser.get_http_version(), None)
+        self._completed = request
+        self._chunks = []
+        self._take(request)
+
+    def _take(self, request: _Request) -> None:
+        """Queue a complete request; start it when nothing is being answered."""
+        self._queue.append(request)
+        if self._active is None:
+            self._next()
+        elif len(self._queue) >= MAX_PIPELINED and self._reading:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _learn(self, read: bytes, request: _Request) -> None:
+        """Learn ``request``'s head for its repeats when ``read`` (one read from a message
+        boundary) was exactly that request, a plain keep-alive infer POST
+        (RepeatMatcher.learn says which heads qualify)."""
+        if not self._learns or not request.keep_alive or not self._parsing:
+            return
+        repeats = RepeatMatcher.learn(read, request.method, request.headers, request.body)
+        if repeats is None:
+            return
+        route = self._server.infer_route(request.url)
+        if route is None:
+            return
+        request.parsed_infer_headers()  # now, for its repeats (it may wait behind another)
+        self._repeats = repeats
+        self._repeated = request
+        self._repeated_route = route
+
+    def _refuse(self, error: InvalidInputError) -> None:
+        """Answer a request whose body is too large without reading the rest of it, then
+        close the connection (the unread body would otherwise be taken as requests)."""
+        self._refusal = error
+        self._chunks = []
+        self._parsing = False
+        self._in_message = False
+        self._queue.append(_Request(self._parser.get_method(), self._url, self._headers, b"", False, "1.1", error))
+        if self._active is None:
+            self._next()
+
+    # -- answering -----------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Answer waiting requests in order while each is answered at once (errors,
+        refusals); stop at the first that will be answered later. A loop, not recursion:
+        one read can hold hundreds of pipelined requests."""
+        if self._in_next:
+            return  # an outer call is looping: it picks up the next request
+        self._in_next = True
+        try:
+            while self._active is None and self._queue and not self._gone:
+                self._start(self._queue.popleft())
+        finally:
+            self._in_next = False
+        if self._active is None and not self._queue and not self._gone:
+            if not self._parsing:
+                self.close()
+            elif not self._reading:
+                self._reading = True
+                self._transport.resume_reading()
+
+    def _start(self, request: _Request) -> None:
+        self._active = request
+        if request.refusal is not None:
+            self.reply(*error_parts(request.refusal))
+            return
+        if not request.method:  # the parser gave up on it
+            self.reply(400, [(b"content-type", b"application/json")], _BAD_REQUEST)
+            return
+        if request.method == b"POST":
+            route = self._server.infer_route(request.url)
+            if route is not None:
+                self._start_infer(route, request, request.body)
+                return
+        self._exchange = AsgiExchange(self, self._server.app, self._asgi_scope(request))
+        self._server.track(self._loop.create_task(self._exchange.run(request.body)))
+
+    def _start_infer(self, route: tuple[str, str | None], request: _Request, body: bytes) -> None:
+        """Hand the active infer request to the endpoints; its answer comes back through
+        ``reply`` or ``reply_known`` (maybe at once)."""
+        ticket = self._server.app.endpoints.start_infer(
+            route[0], route[1], request.parsed_infer_headers(), body, time.monotonic_ns(), self
+        )
+        if ticket is not None:  # None: answered already (and maybe the next one started)
+            self._ticket = ticket
+
+    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        """A 200 answer whose ``headers`` are one object per kind of answer
+        (Responder.reply_known): their head is encoded once per server, then reused."""
+        request = self._active
+        assert request is not None
+        if not request.keep_alive or self._server.closing or request.method == b"HEAD":
+            self.reply(200, list(headers), b"".join(parts))
+            return
+        self._ticket = None
+        if self._gone:
+            return
+        head = self._server.known_heads.get(headers)
+        if head is None:
+            head = self._server.add_known_head(headers)
+        self._transport.write(b"".join([head, *parts]))
+        self._done()
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write a complete response to the active request and go on with the next one."""
+        self._ticket = None
+        if self._gone:
+            return
+        request = self._active
+        assert request is not None
+        head, _ = response_head(status, headers, len(body), not request.keep_alive or self._server.closing)
+        if request.method != b"HEAD":
+            head.append(body)
+        self._transport.write(b"".join(head))
+        self._done()
+
+    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Begin a response whose body comes in parts (``send_body``): Content-Length when
+        ``headers`` give one, else chunked. The head goes out with the first part."""
+        request = self._active
+        assert request is not None
+        head, self._chunked = response_head(status, headers, None, not request.keep_alive or self._server.closing)
+        self._head = b"".join(head)
+
+    def send_body(self, body: bytes, more: bool) -> None:
+        """One part of a response begun with ``start_response``; the last one
+        (``more=False``) ends it and goes on with the next request."""
+        if self._gone:
+            return
+        out = [self._head] if self._head else []
+        self._head = b""
+        if self._active is not None and self._active.method != b"HEAD":
+            if not self._chunked:
+                out.append(body)
+            else:
+                if body:
+                    out.append(b"%x\r\n%s\r\n" % (len(body), body))
+                if not more:
+                    out.append(b"0\r\n\r\n")
+        if out:
+            self._transport.write(b"".join(out))
+        if not more:
+            self._done()
+
+    def _asgi_scope(self, request: _Request) -> dict[str, Any]:
+        transport = self._transport
+        return http_scope(
+            method=request.method, url=request.url, headers=request.headers, http_version=request.http_version,
+            server=transport.get_extra_info("sockname"), client=transport.get_extra_info("peername"),
+            state=self._server.state,
+        )
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    def _done(self) -> None:
+        request = self._active
+        assert request is not None
+        self._active = None
+        self._exchange = None
+        if not request.keep_alive or self._server.closing:
+            self.close()
+            return
+        self._next()
+
+    async def drain(self) -> None:
+        """Wait while the client does not read (flow control for streamed responses)."""
+        if self._write_paused and not self._gone:
+            self._drain = self._loop.create_future()
+            await self._drain
+
+    @property
+    def idle(self) -> bool:
+        return self._active is None and not self._queue
+
+    def close(self) -> None:
+        """Close after what is written goes out; nothing more is started or written
+        (pipelined requests already parsed are dropped)."""
+        if not self._gone:
+            self._gone = True
+            self._parsing = False
+            self._queue.clear()
+            self._transport.close()
