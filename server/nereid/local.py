@@ -21,10 +21,12 @@ from typing import Any, AsyncIterator, Iterator, Mapping
 import numpy as np
 
 from nereid.config.schema import ModelConfig, ModelInput
+from nereid.datatypes import DataType
 from nereid.errors import InvalidInputError, UnsupportedError
 from nereid.inference import InferRequest, ParameterValue
 from nereid.model_manager import IndexEntry, ModelManager
 from nereid.options import ServerOptions
+from nereid.request_checks import ConfigRules, Facts, Problem, triton_text
 
 __all__ = ["LocalEndpoint", "InProcessServer"]
 
@@ -71,7 +73,7 @@ class LocalEndpoint:
         if not serving.config.decoupled:
             yield await serving.infer(request, received)
             return
-        async for step in serving.batcher.stream(request, received):
+        async for step in serving.stream(request, received):
             yield step
 
 
@@ -83,40 +85,59 @@ def build_request(
     priority: int = 0,
     timeout_us: int | None = None,
 ) -> InferRequest:
-    """A checked InferRequest from Python values. Raises InvalidInputError naming the
-    model, the input, what was expected and what was given."""
+    """A checked InferRequest from Python values: each value becomes an array of its
+    input's datatype here, then the request is checked by the one checking core
+    (``nereid.request_checks``), its problems worded for Python callers. Raises
+    InvalidInputError naming the model, the input, what was expected and what was given."""
     arrays: dict[str, np.ndarray] = {}
+    facts: dict[str, _ArrayFacts] = {}
     known = {tensor.name: tensor for tensor in config.input}
-    for name in inputs:
-        if name not in known:
-            raise InvalidInputError(
-                f"unexpected inference input '{name}' for model '{model}' (inputs: {sorted(known)})",
-                model=model, input=name,
-            )
-    rows: int | None = None
-    for name, spec in known.items():
-        if name not in inputs:
-            if spec.optional:
-                continue
-            raise InvalidInputError(f"model '{model}': missing required input '{name}'", model=model, input=name)
-        array = _as_array(model, spec, inputs[name])
-        _check_shape(model, config, spec, array)
-        if config.max_batch_size > 0:
-            if rows is not None and array.shape[0] != rows:
-                raise InvalidInputError(
-                    f"model '{model}', input '{name}': expected batch size {rows} (as the other inputs), got {array.shape[0]}",
-                    model=model, input=name,
-                )
-            rows = array.shape[0]
+    for name, value in inputs.items():
+        spec = known.get(name)
+        array = _as_array(model, spec, value) if spec is not None else np.asarray(value, dtype=object)
         arrays[name] = array
+        facts[name] = _ArrayFacts(array, spec)
+    _, rows = ConfigRules(config).check_inputs(facts, model, render=_python_text)
     return InferRequest(
         model_name=model,
         inputs=arrays,
-        rows=rows if rows is not None else 1,
+        rows=rows,
         parameters=dict(parameters or {}),
         priority=priority,
         timeout_us=timeout_us,
     )
+
+
+class _ArrayFacts:
+    """An array as the checking core reads an input. Its datatype is the config's (the
+    array was made, or checked, for it by _as_array); an unknown input has none."""
+
+    __slots__ = ("dt", "shape", "size", "negative")
+
+    def __init__(self, array: np.ndarray, spec: ModelInput | None) -> None:
+        self.dt: DataType | None = spec.data_type if spec is not None else None
+        self.shape: tuple[int, ...] = array.shape
+        self.size = array.nbytes
+        self.negative = False
+
+
+def _python_text(facts: Facts) -> str:
+    """A problem of an in-process request, in Python's terms (shapes as lists)."""
+    p, m, name, d = facts.problem, facts.model, facts.input, facts.detail
+    where = f"model '{m}', input '{name}'"
+    if p is Problem.UNEXPECTED_INPUT:
+        return f"unexpected inference input '{name}' for model '{m}' (inputs: {list(d['inputs'])})"
+    if p is Problem.INPUT_COUNT:
+        if d["missing"]:
+            return f"model '{m}': missing required input '{d['missing'][0]}'"
+        return f"model '{m}': expected at most {d['inputs']} inputs, got {len(d['got'])}: {list(d['got'])}"
+    if p is Problem.NO_BATCH_DIMENSION or p is Problem.SHAPE:
+        return f"{where}: expected shape {list(d['expected'])}, got {list(d['got'])}"
+    if p is Problem.BATCH_MISMATCH:
+        return f"{where}: expected batch size {d['expected']} (as the other inputs), got {d['got']}"
+    if p is Problem.BATCH_SIZE:
+        return f"{where}: expected a batch of 1..{d['max']} rows, got {d['batch']}"
+    return triton_text(facts)  # datatype and byte size: _as_array made them right
 
 
 def _as_array(model: str, spec: ModelInput, value: Any) -> np.ndarray:
@@ -151,23 +172,6 @@ def _as_array(model: str, spec: ModelInput, value: Any) -> np.ndarray:
             f"model '{model}', input '{spec.name}': expected values convertible to {dtype.wire_name}, got {exc}",
             model=model, input=spec.name,
         ) from exc
-
-
-def _check_shape(model: str, config: ModelConfig, spec: ModelInput, array: np.ndarray) -> None:
-    dims = list(spec.dims)
-    expected = ([-1] + dims) if config.max_batch_size > 0 else dims
-    shape = list(array.shape)
-    matches = len(shape) == len(expected) and all(e in (-1, s) for e, s in zip(expected, shape))
-    if not matches:
-        raise InvalidInputError(
-            f"model '{model}', input '{spec.name}': expected shape {expected}, got {shape}",
-            model=model, input=spec.name,
-        )
-    if config.max_batch_size > 0 and not 1 <= shape[0] <= config.max_batch_size:
-        raise InvalidInputError(
-            f"model '{model}', input '{spec.name}': expected a batch of 1..{config.max_batch_size} rows, got {shape[0]}",
-            model=model, input=spec.name,
-        )
 
 
 class InProcessServer:

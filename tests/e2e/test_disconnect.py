@@ -7,6 +7,7 @@ import socket
 import time
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import RepoBuilder
@@ -26,9 +27,10 @@ max_queue_delay_microseconds = 1500000
 """
 
 
-def test_a_request_whose_client_disconnects_while_queued_is_never_executed(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("engine", ["native", "uvicorn", "hypercorn"])  # one infer flow, engines' own disconnects
+def test_a_request_whose_client_disconnects_while_queued_is_never_executed(serve, repo: RepoBuilder, engine: str) -> None:  # type: ignore[no-untyped-def]
     repo.add("slow_batch", CONFIG)
-    server = serve(repo.root)
+    server = serve(repo.root, engine=engine)
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
     request = (
         f"POST /v2/models/slow_batch/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"

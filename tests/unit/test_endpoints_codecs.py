@@ -9,8 +9,7 @@ import weakref
 from typing import Any
 
 from nereid.config.schema import ModelConfig
-from nereid.http.endpoints import Endpoints
-from nereid.options import ServerOptions
+from nereid.http.model_codec import CodecCache
 
 
 class Served:
@@ -20,8 +19,14 @@ class Served:
         self.config = ModelConfig(name="m", max_batch_size=0)
 
 
-def endpoints() -> Endpoints:
-    return Endpoints(manager=None, options=ServerOptions())  # type: ignore[arg-type]  # codecs need no manager
+def endpoints() -> Any:
+    """What the tests below call ``ep._codec``: the endpoints' CodecCache lookup."""
+    cache = CodecCache()
+
+    class _Endpoints:
+        _codec = staticmethod(cache.get)
+
+    return _Endpoints()
 
 
 def test_each_served_version_keeps_its_own_codec() -> None:

@@ -11,8 +11,12 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 from nereid.errors import InvalidInputError, NereidError, UnsupportedError
 from nereid.http.errors import error_json, status_for
 
-__all__ = ["ClientGone", "body_too_large", "check_declared_length", "error_parts", "read_body", "send_json", "send_error"]
+__all__ = [
+    "ClientGone", "Message", "Receive", "Scope", "Send", "body_too_large", "check_declared_length", "error_parts",
+    "read_body", "send_json", "send_error",
+]
 
+Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]

@@ -19,7 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from nereid.http._asgi import send_json
-from nereid.http.endpoints import Endpoints, Receive, Scope, Send
+from nereid.http._asgi import Receive, Scope, Send
+from nereid.http.endpoints import Endpoints
 from nereid.http.errors import error_json
 from nereid.http.generate import GenerateHandler
 from nereid.http.operations import Operations

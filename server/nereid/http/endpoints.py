@@ -1,17 +1,15 @@
-"""The handlers of Triton's HTTP endpoints: health, metadata, config, stats, repository,
-and the infer fast path.
+"""The handlers of Triton's HTTP endpoints: health, metadata, config, statistics, the
+model repository, logging, trace settings and shared memory; infer is ``infer.py``'s
+(``Endpoints.infer`` and ``Endpoints.start_infer`` are its entry points).
 
 Owns request/response handling per endpoint. Reaches running models only through
-ModelManager's public methods; parsing and encoding of tensors belong to codec.py.
+ModelManager's public methods.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-import weakref
-from typing import Any, Awaitable, Callable, Iterable, MutableMapping, Protocol
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -20,7 +18,6 @@ from starlette.responses import Response
 from nereid import __version__
 from nereid.config import config_from_triton_json
 from nereid.errors import (
-    InternalError,
     InvalidInputError,
     MalformedRequestError,
     ModelNotFoundError,
@@ -28,11 +25,9 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.http import codec, infer_response
-from nereid.http._asgi import ClientGone, error_parts, read_body, send_error
 from nereid.http.errors import error_json, status_for
-from nereid.inference import InferResult
-from nereid.model_manager import ModelManager, ServingModel, Ticket
+from nereid.http.infer import InferEndpoint, InferHeaders, Responder, parse_version
+from nereid.model_manager import ModelManager, ServingModel
 from nereid.options import ServerOptions
 from nereid.repository import check_model_name
 from nereid.shared_memory import SharedMemoryManager
@@ -41,10 +36,6 @@ __all__ = ["Endpoints", "EXTENSIONS", "InferHeaders", "Responder"]
 
 _log = logging.getLogger("nereid")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: The protocol extensions nereid implements (GET /v2 lists them).
 EXTENSIONS = (
@@ -64,7 +55,6 @@ EXTENSIONS = (
 # traces are written, and listing it would promise them.
 
 _JSON = "application/json"
-_MAX_VERSION = (1 << 63) - 1
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -79,16 +69,6 @@ def empty_response(status: int = 200) -> Response:
     return Response(b"", status_code=status, media_type="text/plain")
 
 
-def parse_version(value: str | int | None) -> int | None:
-    """A URL version segment (digits only, checked by the router) -> int; None when absent."""
-    if value is None or value == "":
-        return None
-    version = int(value)
-    if version > _MAX_VERSION:
-        raise InvalidInputError(f"failed to get model version from specified version string '{value}'")
-    return version
-
-
 class Endpoints:
     """Handlers bound to one ModelManager and ServerOptions."""
 
@@ -98,20 +78,10 @@ class Endpoints:
         self.manager = manager
         self.options = options
         self._shm = shm if shm is not None else SharedMemoryManager()
-        # One codec (lookup tables, header memo) per served model version; dropped with it.
-        self._codecs: weakref.WeakKeyDictionary[ServingModel, codec.ModelCodec] = weakref.WeakKeyDictionary()
-        # the last one asked for (a weak reference: it must not keep an unloaded model alive)
-        self._last_codec: tuple[weakref.ref[ServingModel], codec.ModelCodec] | None = None
-
-    def _codec(self, serving: ServingModel) -> codec.ModelCodec:
-        last = self._last_codec
-        if last is not None and last[0]() is serving:
-            return last[1]
-        found = self._codecs.get(serving)
-        if found is None:
-            found = self._codecs[serving] = codec.ModelCodec.for_config(serving.config)
-        self._last_codec = (weakref.ref(serving), found)
-        return found
+        self.infer_endpoint = InferEndpoint(manager, options, self._shm)
+        #: POST .../infer for the ASGI engines, and for the native engine (see infer.py).
+        self.infer = self.infer_endpoint.asgi
+        self.start_infer = self.infer_endpoint.start
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -287,218 +257,6 @@ class Endpoints:
         except NereidError as exc:
             return error_response(exc)
         return empty_response(200)
-
-    # -- infer (the hot path) --------------------------------------------------------------
-
-    async def infer(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
-        """POST .../infer as a raw ASGI handler (the uvicorn, granian and hypercorn engines)."""
-        received_ns = time.monotonic_ns()
-        headers = InferHeaders(scope["headers"])
-        shm = self._shm.lease()  # pins the shared-memory regions this request uses
-        try:
-            body = await read_body(receive, headers.content_length, self.options.max_request_size)
-            call = self._parse_infer(name, version_text, headers, body, shm)
-            outputs = await _infer_watching_disconnect(call.serving, call.request, received_ns, receive)
-            status, response_headers, payload = call.respond(outputs)
-        except NereidError as exc:
-            await send_error(send, exc)
-            return
-        except ClientGone:
-            return
-        finally:
-            shm.release()
-        await send({"type": "http.response.start", "status": status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": payload})
-
-    def start_infer(
-        self,
-        name: str,
-        version_text: str | None,
-        headers: InferHeaders,
-        body: bytes,
-        received_ns: int,
-        responder: Responder,
-    ) -> Ticket | None:
-        """POST .../infer for a callback-driven engine (the native one): the request is
-        parsed and queued now, and ``responder`` is called once, on the loop, when its
-        answer is ready (at once for a bad request). Returns the ticket to withdraw if the
-        client goes away first (None when already answered). Never raises. ``headers`` may
-        be shared by requests that repeat the same header lines."""
-        shm = self._shm.lease()
-        try:
-            call = self._parse_infer(name, version_text, headers, body, shm)
-            call.responder = responder
-            ticket = call.serving.submit(call.request, received_ns, call.answer)
-        except NereidError as exc:
-            shm.release()
-            responder.reply(*error_parts(exc))
-            return None
-        except Exception as exc:  # a bug must cost one request, not the connection
-            shm.release()
-            _log.exception("infer on model %r failed unexpectedly", name)
-            responder.reply(*error_parts(_internal_error(name, exc)))
-            return None
-        return ticket
-
-    def _parse_infer(
-        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any
-    ) -> _InferCall:
-        serving = self.manager.get(name, parse_version(version_text) if version_text is not None else None)
-        if serving.config.decoupled:
-            raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
-        model_codec = self._codec(serving)
-        if headers.content_encoding:
-            body = codec.decode_body(body, headers.content_encoding, max_size=self.options.max_request_size)
-        request = codec.parse_planned(
-            body, headers.header_length, model_codec, name, serving.version, self.options.http_max_input_size
-        )
-        if request is None:
-            request = codec.parse_infer_request(
-                body,
-                headers.header_length,
-                config=model_codec,
-                model_name=name,
-                model_version=serving.version,
-                max_json_size=self.options.http_max_input_size,
-                resolve_shm=shm.resolve,
-            )
-        return _InferCall(name, serving, request, model_codec, headers.accept_encoding, shm)
-
-
-def _internal_error(model: str, exc: BaseException) -> InternalError:
-    """A bug met while answering an infer request: it fails that request, not the server."""
-    return InternalError(f"internal error in infer on model '{model}': {exc}")
-
-
-class Responder(Protocol):
-    """How a callback-driven engine (the native one) is handed an infer answer."""
-
-    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """Any answer: its status, headers (without content-length: the engine adds it
-        from ``body``) and body."""
-
-    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
-        """A 200 answer whose ``headers`` (content-length included) are the same object
-        for every answer of its kind (infer_response.known_answer), so the engine may
-        remember their encoding; the body is ``parts`` joined."""
-
-
-class InferHeaders:
-    """The request headers the infer path reads (names are lowercase, as ASGI gives them).
-    Read-only once made: requests with the same header lines may share one."""
-
-    __slots__ = ("header_length", "content_encoding", "accept_encoding", "content_length")
-
-    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        self.header_length = self.content_encoding = self.accept_encoding = None
-        self.content_length: bytes | None = None
-        for key, value in raw:
-            if key == b"inference-header-content-length":
-                self.header_length = value.decode("latin-1")
-            elif key == b"content-encoding":
-                self.content_encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                self.accept_encoding = value.decode("latin-1")
-            elif key == b"content-length":
-                self.content_length = value
-
-
-class _InferCall:
-    """One parsed infer request on its way through the model; ``respond`` encodes its
-    outputs as (status, headers, body)."""
-
-    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "responder")
-
-    def __init__(
-        self, name: str, serving: ServingModel, request: Any, model_codec: codec.ModelCodec,
-        accept_encoding: str | None, shm: Any,
-    ) -> None:
-        self.name = name
-        self.serving = serving
-        self.request = request
-        self.codec = model_codec
-        self.accept_encoding = accept_encoding
-        self.shm = shm
-        self.responder: Responder | None = None  # set for a callback-driven engine (start_infer)
-
-    def answer(self, outputs: Any, error: BaseException | None) -> None:
-        """The answer of a submitted request: ``responder`` gets its response, or its
-        error; nothing when it was withdrawn (the client is gone)."""
-        responder = self.responder
-        assert responder is not None
-        reply = responder.reply
-        try:
-            if error is None:
-                known = None
-                if self.accept_encoding is None or infer_response.parse_accept_encoding(self.accept_encoding) is None:
-                    try:
-                        known = infer_response.known_answer(self.request, outputs, self.codec, self.serving.version)
-                    except Exception:  # noqa: BLE001 - the full encoder below reports it properly
-                        known = None
-                if known is not None:
-                    responder.reply_known(*known)
-                else:
-                    reply(*self.respond(outputs))
-            elif isinstance(error, asyncio.CancelledError):
-                return
-            elif isinstance(error, NereidError):
-                reply(*error_parts(error))
-            else:
-                reply(*error_parts(_internal_error(self.name, error)))
-        except NereidError as exc:  # encoding the response failed
-            reply(*error_parts(exc))
-        finally:
-            self.shm.release()
-
-    def respond(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        serving = self.serving
-        result = InferResult(self.name, serving.version, outputs, self.request.id)
-        payload, headers = infer_response.encode_infer_response(
-            result, self.request, self.codec, accept_encoding=self.accept_encoding, labels=serving.labels,
-            write_shm=self.shm.write,
-        )
-        headers.append((b"content-length", str(len(payload)).encode()))
-        return 200, headers, payload
-
-
-#: A request still waiting after this long starts watching for its client going away
-#: (a task per request costs more than most requests take; a timer handle does not).
-_DISCONNECT_WATCH_AFTER_S = 0.02
-
-
-async def _infer_watching_disconnect(
-    serving: ServingModel, request: Any, received_ns: int, receive: Receive
-) -> Any:
-    """Run the request; if its client disconnects while it waits, cancel it so that it
-    leaves the queue unexecuted (the batcher discards cancelled requests)."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    watcher: asyncio.Task[None] | None = None
-
-    async def watch() -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                task.cancel()
-                return
-
-    def arm() -> None:
-        nonlocal watcher
-        watcher = loop.create_task(watch())
-
-    timer = loop.call_later(_DISCONNECT_WATCH_AFTER_S, arm)
-    try:
-        return await serving.infer(request, received_ns)
-    except asyncio.CancelledError:
-        if watcher is not None and watcher.done() and task.cancelling():
-            task.uncancel()
-            raise ClientGone() from None
-        raise
-    finally:
-        timer.cancel()
-        if watcher is not None and not watcher.done():
-            watcher.cancel()
 
 
 def _parse_parameters(body: bytes) -> dict[str, Any]:

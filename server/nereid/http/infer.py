@@ -1,0 +1,300 @@
+"""POST /v2/models/{name}[/versions/{v}]/infer: the one infer flow of the HTTP surface.
+
+Every engine goes through ``InferEndpoint.start``: the native engine calls it from its
+parser with a ``Responder``; the ASGI engines (uvicorn, granian, hypercorn) call it from
+``asgi`` with a responder that hands the answer back to their coroutine.
+
+    start:   decode the body (compression) -> Repeats.parse, else the full parser
+             (infer_request) and Repeats.learn_request -> ServingModel.submit
+    answer:  (called once, on the loop, from the batch that ran it)
+             Repeats.answer, else the full encoder (infer_response) and
+             Repeats.learn_answer -> Responder.reply_known / Responder.reply
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Iterable, Protocol
+
+from nereid.errors import InternalError, InvalidInputError, NereidError, UnsupportedError
+from nereid.http import infer_response
+from nereid.http._asgi import ClientGone, Receive, Scope, Send, error_parts, read_body, send_error
+from nereid.http.compression import decode_body, parse_accept_encoding
+from nereid.http.infer_request import ShmResolver, parse_infer_body
+from nereid.http.model_codec import CodecCache, ModelCodec
+from nereid.inference import InferRequest, InferResult
+from nereid.model_manager import ModelManager, ServingModel, Ticket
+from nereid.options import ServerOptions
+from nereid.shared_memory import SharedMemoryManager
+
+__all__ = ["InferEndpoint", "InferHeaders", "Responder", "encode_answer", "parse_version", "read_request"]
+
+_log = logging.getLogger("nereid")
+
+_MAX_VERSION = (1 << 63) - 1
+
+
+def parse_version(value: str | int | None) -> int | None:
+    """A URL version segment (digits only, checked by the router) -> int; None when absent."""
+    if value is None or value == "":
+        return None
+    version = int(value)
+    if version > _MAX_VERSION:
+        raise InvalidInputError(f"failed to get model version from specified version string '{value}'")
+    return version
+
+
+class Responder(Protocol):
+    """How an engine is handed an infer answer (once, on the loop)."""
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Any answer: its status, headers (without content-length: the engine adds it
+        from ``body``) and body."""
+
+    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        """A 200 answer made by ``Repeats.answer``: ``headers`` (content-length included)
+        are the same object for every answer of its kind, so the engine may remember their
+        encoding; the body is ``parts`` joined."""
+
+
+class InferHeaders:
+    """The request headers the infer path reads (names are lowercase, as ASGI gives them).
+    Read-only once made: requests with the same header lines may share one."""
+
+    __slots__ = ("header_length", "content_encoding", "accept_encoding", "content_length")
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        self.header_length = self.content_encoding = self.accept_encoding = None
+        self.content_length: bytes | None = None
+        for key, value in raw:
+            if key == b"inference-header-content-length":
+                self.header_length = value.decode("latin-1")
+            elif key == b"content-encoding":
+                self.content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                self.accept_encoding = value.decode("latin-1")
+            elif key == b"content-length":
+                self.content_length = value
+
+
+class InferEndpoint:
+    """The infer handler of one server: its model manager, options, shared memory and
+    the per-model codecs (with their repeats memo)."""
+
+    def __init__(self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager) -> None:
+        self.manager = manager
+        self.options = options
+        self.codecs = CodecCache()
+        self._shm = shm
+
+    def start(
+        self,
+        name: str,
+        version_text: str | None,
+        headers: InferHeaders,
+        body: bytes,
+        received_ns: int,
+        responder: Responder,
+    ) -> Ticket | None:
+        """Parse and queue one infer request now; ``responder`` is called once, on the
+        loop, with its answer (at once for a bad request). Returns the ticket to withdraw
+        if the client goes away first (None when already answered). Never raises."""
+        shm = self._shm.lease()  # pins the shared-memory regions this request uses
+        try:
+            call = self._parse(name, version_text, headers, body, shm, responder)
+            return call.serving.submit(call.request, received_ns, call.answer)
+        except NereidError as exc:
+            shm.release()
+            responder.reply(*error_parts(exc))
+        except Exception as exc:  # a bug must cost one request, not the connection
+            shm.release()
+            _log.exception("infer on model %r failed unexpectedly", name)
+            responder.reply(*error_parts(_internal_error(name, exc)))
+        return None
+
+    def _parse(
+        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any, responder: Responder
+    ) -> _InferCall:
+        serving = self.manager.get(name, parse_version(version_text) if version_text is not None else None)
+        if serving.config.decoupled:
+            raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
+        codec = self.codecs.get(serving)
+        options = self.options
+        if headers.content_encoding:
+            body = decode_body(body, headers.content_encoding, max_size=options.max_request_size)
+        request = read_request(
+            body, headers.header_length, codec, name, serving.version, options.http_max_input_size, shm.resolve
+        )
+        return _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
+        """The same flow for the ASGI engines: the answer comes back to this coroutine,
+        which watches for its client going away meanwhile."""
+        received_ns = time.monotonic_ns()
+        headers = InferHeaders(scope["headers"])
+        try:
+            body = await read_body(receive, headers.content_length, self.options.max_request_size)
+        except NereidError as exc:
+            await send_error(send, exc)
+            return
+        except ClientGone:
+            return
+        responder = _AsgiResponder()
+        ticket = self.start(name, version_text, headers, body, received_ns, responder)
+        try:
+            status, response_headers, payload = await _answer_watching_disconnect(responder.answer, ticket, receive)
+        except ClientGone:
+            return
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def read_request(
+    body: bytes,
+    header_length: str | None,
+    codec: ModelCodec,
+    name: str,
+    version: int | None,
+    max_json_size: int,
+    resolve_shm: ShmResolver | None = None,
+) -> InferRequest:
+    """How every infer body is read: a repeat from its plan, else the full parser, whose
+    result the repeats memo learns from."""
+    repeats = codec.repeats
+    request = repeats.parse(body, header_length, name, version, max_json_size)
+    if request is None:
+        parsed = parse_infer_body(body, header_length, codec, name, version, max_json_size, resolve_shm)
+        request = parsed.request
+        repeats.learn_request(body, parsed.json_length, max_json_size, request, parsed.inputs, parsed.prefix)
+    return request
+
+
+def encode_answer(
+    codec: ModelCodec, result: InferResult, request: InferRequest, *, labels: Any = None, write_shm: Any = None
+) -> infer_response.EncodedAnswer:
+    """The full encoder, whose reusable answers the repeats memo learns from."""
+    encoded = infer_response.encode_answer(result, request, codec, labels=labels, write_shm=write_shm)
+    if encoded.learnt is not None:
+        codec.repeats.learn_answer(request, result.outputs, result.model_version, encoded.learnt)
+    return encoded
+
+
+def _internal_error(model: str, exc: BaseException) -> InternalError:
+    """A bug met while answering an infer request: it fails that request, not the server."""
+    return InternalError(f"internal error in infer on model '{model}': {exc}")
+
+
+class _InferCall:
+    """One parsed infer request on its way through the model; ``answer`` gets its outcome."""
+
+    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "responder")
+
+    def __init__(
+        self, name: str, serving: ServingModel, request: InferRequest, codec: ModelCodec, accept_encoding: str | None,
+        shm: Any, responder: Responder,
+    ) -> None:
+        self.name = name
+        self.serving = serving
+        self.request = request
+        self.codec = codec
+        self.accept_encoding = accept_encoding
+        self.shm = shm
+        self.responder = responder
+
+    def answer(self, outputs: Any, error: BaseException | None) -> None:
+        """The outcome of the submitted request: ``responder`` gets its answer or its
+        error; nothing when it was withdrawn (the client is gone)."""
+        responder = self.responder
+        try:
+            if error is None:
+                if self.accept_encoding is None or parse_accept_encoding(self.accept_encoding) is None:
+                    known = self.codec.repeats.answer(self.request, outputs, self.serving.version)
+                    if known is not None:
+                        responder.reply_known(*known)
+                        return
+                responder.reply(*self._encode(outputs))
+            elif isinstance(error, asyncio.CancelledError):
+                return
+            elif isinstance(error, NereidError):
+                responder.reply(*error_parts(error))
+            else:
+                responder.reply(*error_parts(_internal_error(self.name, error)))
+        except NereidError as exc:  # encoding the response failed
+            responder.reply(*error_parts(exc))
+        except Exception as exc:  # a bug: this request fails, loudly (never a silent fallback)
+            _log.exception("answering infer on model %r failed unexpectedly", self.name)
+            responder.reply(*error_parts(_internal_error(self.name, exc)))
+        finally:
+            self.shm.release()
+
+    def _encode(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        serving = self.serving
+        request = self.request
+        encoded = encode_answer(
+            self.codec, InferResult(self.name, serving.version, outputs, request.id), request,
+            labels=serving.labels, write_shm=self.shm.write,
+        )
+        payload, headers = infer_response.finish(encoded, self.accept_encoding)
+        headers.append((b"content-length", str(len(payload)).encode()))
+        return 200, headers, payload
+
+
+class _AsgiResponder:
+    """A Responder for a coroutine: the answer as (status, headers, body) in a future."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if not self.answer.done():  # done: the client went away first
+            if not any(key == b"content-length" for key, _ in headers):
+                headers = [*headers, (b"content-length", str(len(body)).encode())]
+            self.answer.set_result((status, headers, body))
+
+    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        if not self.answer.done():
+            self.answer.set_result((200, list(headers), b"".join(parts)))
+
+
+#: A request still waiting after this long starts watching for its client going away
+#: (a task per request costs more than most requests take; a timer handle does not).
+_DISCONNECT_WATCH_AFTER_S = 0.02
+
+
+async def _answer_watching_disconnect(answer: asyncio.Future[Any], ticket: Ticket | None, receive: Receive) -> Any:
+    """Await the answer; if the client disconnects first, withdraw the request (it leaves
+    the queue unexecuted) and raise ClientGone."""
+    if answer.done() or ticket is None:
+        return await answer
+    loop = asyncio.get_running_loop()
+    watcher: asyncio.Task[None] | None = None
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    def arm() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+        watcher.add_done_callback(lambda _: None if answer.done() else answer.cancel())
+
+    timer = loop.call_later(_DISCONNECT_WATCH_AFTER_S, arm)
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        if watcher is not None and watcher.done() and not watcher.cancelled():
+            ticket.withdraw()
+            raise ClientGone() from None
+        raise
+    finally:
+        timer.cancel()
+        if watcher is not None and not watcher.done():
+            watcher.cancel()

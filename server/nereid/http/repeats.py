@@ -1,0 +1,230 @@
+"""Repeats: the shortcut in front of the infer path for what a steady client sends again.
+
+Clients repeat themselves: perf_analyzer and tritonclient send the same JSON header with
+every request of a given shape (only the tensor bytes change), and the answers to them
+have the same JSON header too (only the output bytes change). One served model version
+keeps a ``Repeats`` memo of both:
+
+- a request whose JSON header (and body length) was seen twice gets a *plan*: everything
+  the full parser decided from it. ``parse`` answers a repeat from its plan (the arrays
+  are made from the new body) and ``learn_request`` makes plans from full parses;
+- an answer whose outputs all go out as binary blobs has a JSON header that depends only
+  on the request's output selection, id, model version and each output's name, dtype and
+  shape: ``answer`` gives a repeat its headers and body parts, ``learn_answer`` keeps
+  them from a full encode.
+
+The caller reads as: shortcut, else the full path, then learn. ``parse`` and ``answer``
+never guess: None means "not a repeat", and the full path decides and reports. Property
+tests check that a repeat's request and answer equal the full path's, byte for byte;
+``counters`` says how often each shortcut was taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from nereid.datatypes import DataType
+from nereid.http import wire_inputs, wire_outputs
+from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+
+__all__ = ["Repeats", "RepeatCounters", "LearntAnswer"]
+
+#: headers longer than this (JSON data, usually) are parsed every time, not planned.
+_PLAN_MAX_HEADER = 4096
+#: plans and answers remembered per model version; past it the memo starts afresh.
+_CACHE_SIZE = 256
+
+
+@dataclasses.dataclass(slots=True)
+class RepeatCounters:
+    """How often each shortcut was taken (tests assert on these)."""
+
+    requests: int = 0  # requests made from a plan
+    answers: int = 0  # answers made from a remembered header
+    plans: int = 0  # plans learnt
+    replies: int = 0  # answer headers learnt
+
+
+@dataclasses.dataclass(slots=True)  # not frozen: a frozen init costs more than the fields
+class _Plan:
+    """Everything the full parser decided from one JSON header and the body's length.
+    Only requests whose inputs are all binary blobs and whose outputs use no shared
+    memory get one, so nothing in it depends on the body beyond its length, except
+    BYTES framing, which is checked again every time."""
+
+    request_id: str
+    prefix: str
+    parameters: dict[str, ParameterValue]
+    priority: int
+    timeout_us: int | None
+    binary_data_output: bool
+    outputs: tuple[RequestedOutput, ...] | None
+    rows: int
+    #: the inputs in Triton's check order, by name (their buffer unset: a plan keeps no
+    #: body alive), and their names in request order when that differs.
+    inputs: tuple[wire_inputs.WireInput, ...]
+    order: tuple[str, ...] | None
+    #: every input's view_spec, when each is a plain view of the body (numeric, not BOOL).
+    views: tuple[wire_inputs.ViewSpec, ...] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LearntAnswer:
+    """What the full encoder tells about an uncompressed answer it made (see
+    infer_response.encode_answer): whether its header may serve repeats, and what a
+    repeat needs to rebuild the same bytes."""
+
+    header: bytes
+    #: the outputs sent as blobs, in order, with their datatypes.
+    sent: tuple[tuple[str, DataType], ...]
+    #: the answer's HTTP headers, content-length included.
+    headers: tuple[tuple[bytes, bytes], ...]
+    #: every blob is one ``tobytes`` copy of its output (wire_outputs.copied_whole).
+    copied: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reply:
+    """A remembered answer header; ``requested`` is the very ``request.outputs`` object
+    it was made for (the key holds its id, meaningful only while that object lives)."""
+
+    requested: tuple[RequestedOutput, ...] | None
+    learnt: LearntAnswer
+
+
+class Repeats:
+    """The memo of one served model version: request plans and answer headers."""
+
+    __slots__ = ("_plans", "_seen", "_replies", "counters")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[bytes, int, int], _Plan] = {}
+        self._seen: set[tuple[bytes, int, int]] = set()  # headers parsed once, not yet planned
+        self._replies: dict[tuple[Any, ...], _Reply] = {}
+        self.counters = RepeatCounters()
+
+    # -- requests ------------------------------------------------------------------------
+
+    def parse(
+        self, body: bytes, header_length: str | None, model_name: str, model_version: int | None, max_json_size: int
+    ) -> InferRequest | None:
+        """The request a planned header's body parses to, or None (not a repeat: parse it
+        in full). Raises InvalidInputError only for BYTES framing, as the full parser
+        would for the same body."""
+        if header_length is None or not (header_length.isdigit() and header_length.isascii() and len(header_length) <= 10):
+            return None
+        json_length = int(header_length)
+        total = len(body)
+        if not 0 < json_length <= min(total, max_json_size, _PLAN_MAX_HEADER):
+            return None
+        plan = self._plans.get((body[:json_length], total, max_json_size))
+        if plan is None:
+            return None
+        if plan.views is not None:
+            arrays = wire_inputs.body_views(plan.views, body)
+        else:
+            arrays = {item.name: wire_inputs.to_array(item, model_name, plan.prefix, body) for item in plan.inputs}
+            if plan.order is not None:
+                arrays = {name: arrays[name] for name in plan.order}
+        self.counters.requests += 1
+        # InferRequest's fields in order (positional: this runs once per request)
+        return InferRequest(
+            model_name, arrays, plan.rows, plan.request_id, model_version, plan.outputs,
+            dict(plan.parameters) if plan.parameters else {}, plan.priority, plan.timeout_us,
+            plan.binary_data_output,
+        )
+
+    def learn_request(
+        self,
+        body: bytes,
+        json_length: int,
+        max_json_size: int,
+        request: InferRequest,
+        inputs: Mapping[str, wire_inputs.WireInput],
+        prefix: str,
+    ) -> None:
+        """Remember a fully parsed request's header: planned the second time it is seen
+        (a header seen once, as with a per-request id, only costs a set entry)."""
+        if not 0 < json_length <= _PLAN_MAX_HEADER:
+            return
+        key = (body[:json_length], len(body), max_json_size)
+        if key in self._plans:
+            return
+        seen = self._seen
+        if key not in seen:
+            if len(seen) >= _CACHE_SIZE:
+                seen.clear()  # unique headers must not pile up
+            seen.add(key)
+            return
+        if any(item.source != wire_inputs.BINARY for item in inputs.values()):
+            return
+        if request.outputs is not None and any(out.shm_region is not None for out in request.outputs):
+            return
+        stripped = tuple(
+            wire_inputs.WireInput(item.name, item.dt, item.shape, item.source, None, item.offset, item.size, item.negative)
+            for item in (inputs[name] for name in sorted(inputs))
+        )
+        order = tuple(inputs) if list(inputs) != sorted(inputs) else None
+        specs = [wire_inputs.view_spec(item) for item in inputs.values()]
+        views = tuple(spec for spec in specs if spec is not None) if None not in specs else None
+        if len(self._plans) >= _CACHE_SIZE:
+            self._plans.clear()
+        self._plans[key] = _Plan(
+            request.id, prefix, dict(request.parameters), request.priority, request.timeout_us,
+            request.binary_data_output, request.outputs, request.rows, stripped, order, views,
+        )
+        self.counters.plans += 1
+
+    # -- answers -------------------------------------------------------------------------
+
+    def answer(
+        self, request: InferRequest, outputs: Mapping[str, Any], model_version: int
+    ) -> tuple[tuple[tuple[bytes, bytes], ...], list[Any]] | None:
+        """The uncompressed answer of a request whose answer header is remembered: its
+        HTTP headers (the same object each time) and its body as parts to join (JSON
+        header, then blobs). None when it is not: encode it in full."""
+        key = _reply_key(request, model_version, outputs)
+        if key is None:
+            return None
+        known = self._replies.get(key)
+        if known is None or known.requested is not request.outputs:
+            return None
+        learnt = known.learnt
+        parts = [learnt.header]
+        if learnt.copied:
+            for name, _ in learnt.sent:
+                parts.append(outputs[name].tobytes())
+        else:
+            for name, dt in learnt.sent:
+                parts.extend(wire_outputs.binary_blob(outputs[name], dt, name, request.model_name)[0])
+        self.counters.answers += 1
+        return learnt.headers, parts
+
+    def learn_answer(
+        self, request: InferRequest, outputs: Mapping[str, Any], model_version: int, learnt: LearntAnswer
+    ) -> None:
+        """Remember the header of a fully encoded answer the encoder found reusable."""
+        key = _reply_key(request, model_version, outputs)
+        if key is None:
+            return
+        known = self._replies.get(key)
+        if known is not None and known.requested is request.outputs:
+            return  # known already: its headers stay the same object (engines key on it)
+        if len(self._replies) >= _CACHE_SIZE:
+            self._replies.clear()  # answers of ever-changing shapes must not pile up
+        self._replies[key] = _Reply(request.outputs, learnt)
+        self.counters.replies += 1
+
+
+def _reply_key(request: InferRequest, model_version: int, outputs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What an answer's JSON header depends on, when every output is a numpy array."""
+    key: list[Any] = [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version]
+    for name, value in outputs.items():
+        if type(value) is not np.ndarray:
+            return None
+        key.append((name, value.dtype, value.shape))
+    return tuple(key)
