@@ -118,16 +118,9 @@ class BatchedFunction(Generic[T, R]):
         batch_size: Callable[[Any], int] | None = None,
         name: str | None = None,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"nereid.batch: max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
-        if max_queue_delay_microseconds < 0:
-            raise ValueError(
-                f"nereid.batch: max_queue_delay_microseconds: expected an integer >= 0, got {max_queue_delay_microseconds!r}"
-            )
-        if max_concurrent_batches < 1:
-            raise ValueError(
-                f"nereid.batch: max_concurrent_batches: expected an integer >= 1, got {max_concurrent_batches!r}"
-            )
+        _check_at_least("max_batch_size", max_batch_size, 1)
+        _check_at_least("max_queue_delay_microseconds", max_queue_delay_microseconds, 0)
+        _check_at_least("max_concurrent_batches", max_concurrent_batches, 1)
         for size in preferred_batch_size:
             if not 1 <= size <= max_batch_size:
                 raise ValueError(
@@ -192,18 +185,20 @@ class BatchedFunction(Generic[T, R]):
         return view
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"nereid.batch: max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
+        _check_at_least("max_batch_size", max_batch_size, 1)
         self._max_batch_size = max_batch_size
-        for target in self._targets():
-            target.call_soon(functools.partial(target.batcher.set_max_batch_size, max_batch_size)).result()
+        self._set_on_batchers(DynamicBatcher.set_max_batch_size, max_batch_size)
 
     def set_max_queue_delay(self, microseconds: int) -> None:
-        if microseconds < 0:
-            raise ValueError(f"nereid.batch: max_queue_delay_microseconds: expected an integer >= 0, got {microseconds!r}")
+        _check_at_least("max_queue_delay_microseconds", microseconds, 0)
         self._delay_us = microseconds
+        self._set_on_batchers(DynamicBatcher.set_max_queue_delay, microseconds)
+
+    def _set_on_batchers(self, setter: Callable[[DynamicBatcher, int], None], value: int) -> None:
+        """``setter(batcher, value)`` on every running batcher (this one's and its bound
+        methods'), each on its own loop."""
         for target in self._targets():
-            target.call_soon(functools.partial(target.batcher.set_max_queue_delay, microseconds)).result()
+            target.call_soon(functools.partial(setter, target.batcher, value)).result()
 
     def _targets(self) -> list[_BatcherState]:
         states = [self._state] if self._state is not None else []
@@ -228,6 +223,11 @@ class BatchedFunction(Generic[T, R]):
                     self._state = _BatcherState(self)
                 state = self._state
         return state
+
+
+def _check_at_least(option: str, value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"nereid.batch: {option}: expected an integer >= {low}, got {value!r}")
 
 
 class _BatcherState:

@@ -279,11 +279,7 @@ class ModelInstance:
     ) -> BatchOutcome:
         t0 = time.monotonic_ns()
         try:
-            inputs = assemble(requests, self.config)
-            assert self._infer is not None
-            steps = self._infer(inputs, *self._parameters(requests))
-            if not hasattr(steps, "__next__"):
-                raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
+            steps = self._steps(requests, "__next__", "a decoupled model's infer must be a generator")
             try:
                 for step in steps:
                     deliver(*self._split_step(step, requests))
@@ -291,23 +287,16 @@ class ModelInstance:
                         break
             finally:
                 steps.close()
-        except NereidError as exc:
-            self._output_fault(exc)
-            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         except Exception as exc:
-            return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
-        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+            return self._stream_outcome(t0, exc)
+        return self._stream_outcome(t0, None)
 
     async def _stream_async(
         self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool]
     ) -> BatchOutcome:
         t0 = time.monotonic_ns()
         try:
-            inputs = assemble(requests, self.config)
-            assert self._infer is not None
-            steps = self._infer(inputs, *self._parameters(requests))
-            if not hasattr(steps, "__anext__"):
-                raise TypeError(f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}")
+            steps = self._steps(requests, "__anext__", "a decoupled async model's infer must be an async generator")
             try:
                 async for step in steps:
                     sink(*self._split_step(step, requests))
@@ -315,12 +304,30 @@ class ModelInstance:
                         break
             finally:
                 await steps.aclose()
-        except NereidError as exc:
-            self._output_fault(exc)
-            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         except Exception as exc:
-            return BatchOutcome(None, self._execution_error(exc), 0, time.monotonic_ns() - t0, 0)
-        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+            return self._stream_outcome(t0, exc)
+        return self._stream_outcome(t0, None)
+
+    def _steps(self, requests: Sequence[InferRequest], step_method: str, must_be: str) -> Any:
+        """The model's (async) generator for this batch: ``must_be`` (a TypeError) when
+        what ``infer`` returned has no ``step_method``."""
+        inputs = assemble(requests, self.config)
+        assert self._infer is not None
+        steps = self._infer(inputs, *self._parameters(requests))
+        if not hasattr(steps, step_method):
+            raise TypeError(f"{must_be}, got {type(steps).__name__}")
+        return steps
+
+    def _stream_outcome(self, t0: int, exc: Exception | None) -> BatchOutcome:
+        """How a stream that began at ``t0`` ended: done, or failed with ``exc`` (a
+        NereidError as it is, anything else as the model's execution error)."""
+        error: NereidError | None = None
+        if isinstance(exc, NereidError):
+            self._output_fault(exc)
+            error = exc
+        elif exc is not None:
+            error = self._execution_error(exc)
+        return BatchOutcome([] if error is None else None, error, 0, time.monotonic_ns() - t0, 0)
 
     def _split_step(
         self, step: Any, requests: Sequence[InferRequest]

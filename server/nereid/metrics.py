@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import logging
 import math
+from operator import attrgetter
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -73,6 +74,12 @@ def read_models(manager: ModelManager) -> list[ModelReading]:
 
 # -- the collector ------------------------------------------------------------------------
 
+def _microseconds(duration: str) -> Callable[[ModelStats], float]:
+    """The cumulative time of the ModelStats duration named ``duration``, in microseconds."""
+    read_ns = attrgetter(duration + ".ns")
+    return lambda stats: read_ns(stats) // 1000
+
+
 # (name, help, value of a ModelStats) for Triton's per-model counters.
 _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
@@ -82,20 +89,18 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
     ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
      lambda s: s.execution_count),
     ("nv_inference_request_duration_us",
-     "Cumulative inference request duration in microseconds (includes cached requests)",
-     lambda s: s.success.ns // 1000),
+     "Cumulative inference request duration in microseconds (includes cached requests)", _microseconds("success")),
     ("nv_inference_queue_duration_us",
-     "Cumulative inference queuing duration in microseconds (includes cached requests)",
-     lambda s: s.queue.ns // 1000),
+     "Cumulative inference queuing duration in microseconds (includes cached requests)", _microseconds("queue")),
     ("nv_inference_compute_input_duration_us",
      "Cumulative compute input duration in microseconds (does not include cached requests)",
-     lambda s: s.compute_input.ns // 1000),
+     _microseconds("compute_input")),
     ("nv_inference_compute_infer_duration_us",
      "Cumulative compute inference duration in microseconds (does not include cached requests)",
-     lambda s: s.compute_infer.ns // 1000),
+     _microseconds("compute_infer")),
     ("nv_inference_compute_output_duration_us",
      "Cumulative inference compute output duration in microseconds (does not include cached requests)",
-     lambda s: s.compute_output.ns // 1000),
+     _microseconds("compute_output")),
 )
 
 
@@ -120,47 +125,43 @@ class ModelStatsCollector(Collector):
         for name, help_text, value_of in _COUNTERS[1:]:
             yield _counter(name, help_text, ((labels, value_of(r.stats)) for labels, r in labelled))
 
-        pending = GaugeMetricFamily(
-            "nv_inference_pending_request_count",
-            "Instantaneous number of pending requests awaiting execution per-model.",
-            labels=("model", "version"),
-        )
-        executing = GaugeMetricFamily(
-            "nereid_batches_executing",
-            "Batches a model version's instances are executing now.",
-            labels=("model", "version"),
-        )
-        batch_size = HistogramMetricFamily(
-            "nereid_batch_size",
-            "Rows per batch executed by the dynamic batcher (successful executions).",
-            labels=("model", "version"),
-        )
-        queue_time = HistogramMetricFamily(
-            "nereid_queue_duration_us",
-            "Time successful requests waited in the queue, in microseconds.",
-            labels=("model", "version"),
-        )
-        for labels, r in labelled:
-            values = [labels["model"], labels["version"]]
-            pending.add_metric(values, r.pending)
-            executing.add_metric(values, r.executing)
-            stats = r.stats
-            # batch_stats counts executions per exact size: the histogram is exact.
-            executions = {size: entry.compute_infer.count for size, entry in stats.batch_stats.items()}
-            batch_size.add_metric(
-                values,
-                _buckets(BATCH_SIZE_BUCKETS, [
-                    sum(n for size, n in executions.items() if low < size <= high)
-                    for low, high in zip((0, *BATCH_SIZE_BUCKETS), BATCH_SIZE_BUCKETS)
-                ], sum(executions.values())),
-                sum(size * n for size, n in executions.items()),
-            )
-            counts = stats.queue_buckets
-            queue_time.add_metric(values, _buckets(QUEUE_BUCKETS_US, counts, sum(counts)), stats.queue.ns / 1000)
-        yield pending
-        yield batch_size
-        yield queue_time
-        yield executing
+        for family, name, help_text, values_of in _PER_MODEL:
+            metric = family(name, help_text, labels=("model", "version"))
+            for labels, r in labelled:
+                metric.add_metric([labels["model"], labels["version"]], *values_of(r))
+            yield metric
+
+
+def _batch_sizes(reading: ModelReading) -> tuple[list[tuple[str, float]], int]:
+    """The batch-size histogram's buckets and sum. batch_stats counts executions per exact
+    size: the histogram is exact."""
+    executions = {size: entry.compute_infer.count for size, entry in reading.stats.batch_stats.items()}
+    counts = [
+        sum(n for size, n in executions.items() if low < size <= high)
+        for low, high in zip((0, *BATCH_SIZE_BUCKETS), BATCH_SIZE_BUCKETS)
+    ]
+    return _buckets(BATCH_SIZE_BUCKETS, counts, sum(executions.values())), sum(size * n for size, n in executions.items())
+
+
+def _queue_times(reading: ModelReading) -> tuple[list[tuple[str, float]], float]:
+    """The queue-time histogram's buckets and sum (microseconds)."""
+    counts = reading.stats.queue_buckets
+    return _buckets(QUEUE_BUCKETS_US, counts, sum(counts)), reading.stats.queue.ns / 1000
+
+
+# (family, name, help, its values for a ModelReading) for the per-model gauges and histograms.
+_PER_MODEL: tuple[
+    tuple[type[GaugeMetricFamily | HistogramMetricFamily], str, str, Callable[[ModelReading], tuple[Any, ...]]], ...
+] = (
+    (GaugeMetricFamily, "nv_inference_pending_request_count",
+     "Instantaneous number of pending requests awaiting execution per-model.", lambda r: (r.pending,)),
+    (HistogramMetricFamily, "nereid_batch_size",
+     "Rows per batch executed by the dynamic batcher (successful executions).", _batch_sizes),
+    (HistogramMetricFamily, "nereid_queue_duration_us",
+     "Time successful requests waited in the queue, in microseconds.", _queue_times),
+    (GaugeMetricFamily, "nereid_batches_executing",
+     "Batches a model version's instances are executing now.", lambda r: (r.executing,)),
+)
 
 
 def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> Metric:

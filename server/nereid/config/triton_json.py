@@ -120,36 +120,35 @@ def _version_policy(policy: VersionPolicy) -> dict[str, object]:
 
 
 def _input(tensor: ModelInput) -> dict[str, object]:
-    rendered: dict[str, object] = {
-        "name": tensor.name,
-        "data_type": tensor.data_type.config_name,
-        "format": tensor.format,
-        "dims": list(tensor.dims),
-    }
-    if tensor.reshape is not None:
-        rendered["reshape"] = {"shape": list(tensor.reshape)}
-    rendered.update(
-        is_shape_tensor=tensor.is_shape_tensor,
-        allow_ragged_batch=tensor.allow_ragged_batch,
-        optional=tensor.optional,
-        is_non_linear_format_io=False,
+    return _tensor(
+        tensor,
+        {"format": tensor.format},
+        {
+            "is_shape_tensor": tensor.is_shape_tensor,
+            "allow_ragged_batch": tensor.allow_ragged_batch,
+            "optional": tensor.optional,
+        },
     )
-    return rendered
 
 
 def _output(tensor: ModelOutput) -> dict[str, object]:
+    return _tensor(tensor, {}, {"label_filename": tensor.label_filename, "is_shape_tensor": tensor.is_shape_tensor})
+
+
+def _tensor(
+    tensor: ModelInput | ModelOutput, before_dims: dict[str, object], after_reshape: dict[str, object]
+) -> dict[str, object]:
+    """An input or output in Triton's field order: name, data type, ``before_dims``, dims,
+    reshape (when set), ``after_reshape``, then the unused flag."""
     rendered: dict[str, object] = {
         "name": tensor.name,
         "data_type": tensor.data_type.config_name,
+        **before_dims,
         "dims": list(tensor.dims),
     }
     if tensor.reshape is not None:
         rendered["reshape"] = {"shape": list(tensor.reshape)}
-    rendered.update(
-        label_filename=tensor.label_filename,
-        is_shape_tensor=tensor.is_shape_tensor,
-        is_non_linear_format_io=False,
-    )
+    rendered.update(after_reshape, is_non_linear_format_io=False)
     return rendered
 
 

@@ -84,52 +84,48 @@ def create_app(
     ops = Operations(manager, options, shm)
     generate = GenerateHandler(manager, options, stream=False)
     generate_stream = GenerateHandler(manager, options, stream=True)
-    sys_shm = "/v2/systemsharedmemory"
-    cuda_shm = "/v2/cudasharedmemory"
+    get, post, get_post = ["GET"], ["POST"], ["GET", "POST"]
     model = "/v2/models/{name}"
-    versioned = "/v2/models/{name}/versions/{version:int}"
     routes = [
-        Route("/v2/models/stats", e.all_stats, methods=["GET"]),
-        Route("/v2/health/live", e.health_live, methods=["GET"]),
-        Route("/v2/health/ready", e.health_ready, methods=["GET"]),
-        Route("/v2", e.server_metadata, methods=["GET"]),
-        Route(model, e.model_metadata, methods=["GET"]),
-        Route(versioned, e.model_metadata, methods=["GET"]),
-        Route(model + "/ready", e.model_ready, methods=["GET"]),
-        Route(versioned + "/ready", e.model_ready, methods=["GET"]),
-        Route(model + "/config", e.model_config, methods=["GET"]),
-        Route(versioned + "/config", e.model_config, methods=["GET"]),
-        Route(model + "/stats", e.model_stats, methods=["GET"]),
-        Route(versioned + "/stats", e.model_stats, methods=["GET"]),
-        Route(model + "/infer", _method_not_allowed, methods=["POST"]),
-        Route(versioned + "/infer", _method_not_allowed, methods=["POST"]),
-        # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
-        Route(model + "/generate", generate, methods=["POST"]),
-        Route(versioned + "/generate", generate, methods=["POST"]),
-        Route(model + "/generate_stream", generate_stream, methods=["POST"]),
-        Route(versioned + "/generate_stream", generate_stream, methods=["POST"]),
-        Route("/v2/repository/index", e.repository_index, methods=["POST"]),
-        Route("/v2/repository/{repo}/index", e.repository_index, methods=["POST"]),
-        Route("/v2/repository/models/{name}/load", e.repository_load, methods=["POST"]),
-        Route("/v2/repository/models/{name}/unload", e.repository_unload, methods=["POST"]),
-        Route("/v2/repository/{repo}/models/{name}/load", e.repository_load, methods=["POST"]),
-        Route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, methods=["POST"]),
-        Route("/v2/logging", ops.logging, methods=["GET", "POST"]),
-        Route("/v2/trace/setting", ops.trace_setting, methods=["GET", "POST"]),
-        Route(model + "/trace/setting", ops.trace_setting, methods=["GET", "POST"]),
-        Route(sys_shm + "/status", ops.system_shm_status, methods=["GET"]),
-        Route(sys_shm + "/region/{region}/status", ops.system_shm_status, methods=["GET"]),
-        Route(sys_shm + "/register", ops.system_shm_register, methods=["POST"]),
-        Route(sys_shm + "/region/{region}/register", ops.system_shm_register, methods=["POST"]),
-        Route(sys_shm + "/unregister", ops.system_shm_unregister, methods=["POST"]),
-        Route(sys_shm + "/region/{region}/unregister", ops.system_shm_unregister, methods=["POST"]),
-        Route(cuda_shm + "/status", ops.cuda_shm_status, methods=["GET"]),
-        Route(cuda_shm + "/region/{region}/status", ops.cuda_shm_status, methods=["GET"]),
-        Route(cuda_shm + "/register", ops.cuda_shm_register, methods=["POST"]),
-        Route(cuda_shm + "/region/{region}/register", ops.cuda_shm_register, methods=["POST"]),
-        Route(cuda_shm + "/unregister", ops.cuda_shm_unregister, methods=["POST"]),
-        Route(cuda_shm + "/region/{region}/unregister", ops.cuda_shm_unregister, methods=["POST"]),
+        Route("/v2/models/stats", e.all_stats, methods=get),
+        Route("/v2/health/live", e.health_live, methods=get),
+        Route("/v2/health/ready", e.health_ready, methods=get),
+        Route("/v2", e.server_metadata, methods=get),
     ]
+    # Each model route, for the model and for one of its versions.
+    for tail, handler, methods in (
+        ("", e.model_metadata, get),
+        ("/ready", e.model_ready, get),
+        ("/config", e.model_config, get),
+        ("/stats", e.model_stats, get),
+        ("/infer", _method_not_allowed, post),
+        # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
+        ("/generate", generate, post),
+        ("/generate_stream", generate_stream, post),
+    ):
+        routes.append(Route(model + tail, handler, methods=methods))
+        routes.append(Route(model + "/versions/{version:int}" + tail, handler, methods=methods))
+    routes += [
+        Route("/v2/repository/index", e.repository_index, methods=post),
+        Route("/v2/repository/{repo}/index", e.repository_index, methods=post),
+        Route("/v2/repository/models/{name}/load", e.repository_load, methods=post),
+        Route("/v2/repository/models/{name}/unload", e.repository_unload, methods=post),
+        Route("/v2/repository/{repo}/models/{name}/load", e.repository_load, methods=post),
+        Route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, methods=post),
+        Route("/v2/logging", ops.logging, methods=get_post),
+        Route("/v2/trace/setting", ops.trace_setting, methods=get_post),
+        Route(model + "/trace/setting", ops.trace_setting, methods=get_post),
+    ]
+    # Each shared-memory route, for every region and for one named region.
+    for root, status, register, unregister in (
+        ("/v2/systemsharedmemory", ops.system_shm_status, ops.system_shm_register, ops.system_shm_unregister),
+        ("/v2/cudasharedmemory", ops.cuda_shm_status, ops.cuda_shm_register, ops.cuda_shm_unregister),
+    ):
+        for action, handler, methods in (
+            ("/status", status, get), ("/register", register, post), ("/unregister", unregister, post)
+        ):
+            routes.append(Route(root + action, handler, methods=methods))
+            routes.append(Route(root + "/region/{region}" + action, handler, methods=methods))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -171,19 +171,15 @@ class Endpoints:
     # -- repository ----------------------------------------------------------------------
 
     async def repository_index(self, request: Request) -> Response:
-        body = await request.body()
+        try:
+            obj = _body_object(await request.body())
+        except NereidError as exc:
+            return error_response(exc)
         ready_only = False
-        if body.strip():
-            try:
-                obj = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                return error_response(MalformedRequestError(f"failed to parse the request JSON buffer: {exc}"))
-            if not isinstance(obj, dict):
-                return error_response(MalformedRequestError("failed to parse the request JSON buffer: expected an object"))
-            if "ready" in obj:
-                if not isinstance(obj["ready"], bool):
-                    return error_response(InvalidInputError("Invalid value for 'ready': expected a boolean"))
-                ready_only = obj["ready"]
+        if "ready" in obj:
+            if not isinstance(obj["ready"], bool):
+                return error_response(InvalidInputError("Invalid value for 'ready': expected a boolean"))
+            ready_only = obj["ready"]
         entries = []
         for entry in await self.manager.index(ready_only):
             row: dict[str, Any] = {"name": entry.name}
@@ -196,24 +192,22 @@ class Endpoints:
             entries.append(row)
         return json_response(entries)
 
-    def _control_refused(self, request: Request) -> Response | None:
-        """The error answer to a load/unload this server does not take (a named repository,
-        or a control mode other than explicit); None when it may go ahead."""
+    async def _control_request(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """The model name and the parameters of a load/unload request. Raises when this
+        server does not take it (a named repository, or a control mode other than
+        explicit), for a bad model name, and for a bad body."""
         if "repo" in request.path_params:
-            return error_response(UnsupportedError("'repository_name' specification is not supported"))
+            raise UnsupportedError("'repository_name' specification is not supported")
         if self.manager.mode != "explicit":
             # Triton's text for both NONE and POLL mode (model_repository_manager.cc).
-            return error_response(UnavailableError("explicit model load / unload is not allowed if polling is enabled"))
-        return None
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+        name: str = request.path_params["name"]
+        check_model_name(name)  # before anything touches the filesystem
+        return name, _parse_parameters(await request.body())
 
     async def repository_load(self, request: Request) -> Response:
-        refused = self._control_refused(request)
-        if refused is not None:
-            return refused
-        name = request.path_params["name"]
         try:
-            check_model_name(name)  # before anything touches the filesystem
-            params = _parse_parameters(await request.body())
+            name, params = await self._control_request(request)
             for key, value in params.items():
                 if not isinstance(value, str):
                     raise InvalidInputError(
@@ -240,13 +234,8 @@ class Endpoints:
         return empty_response(200)
 
     async def repository_unload(self, request: Request) -> Response:
-        refused = self._control_refused(request)
-        if refused is not None:
-            return refused
-        name = request.path_params["name"]
         try:
-            check_model_name(name)
-            params = _parse_parameters(await request.body())
+            name, params = await self._control_request(request)
             if "unload_dependents" in params and not isinstance(params["unload_dependents"], bool):
                 raise InvalidInputError(
                     f"unload of model '{name}': parameter 'unload_dependents': expected a boolean, "
@@ -259,17 +248,26 @@ class Endpoints:
         return empty_response(200)
 
 
-def _parse_parameters(body: bytes) -> dict[str, Any]:
-    """The ``parameters`` object of a load/unload body (empty body: no parameters)."""
-    if not body.strip():
-        return {}
+def json_object(body: bytes, not_object: str = "expected an object") -> dict[str, Any]:
+    """The JSON object a request's body holds; MalformedRequestError in Triton's words
+    (``not_object`` for valid JSON that is not an object)."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise MalformedRequestError(f"failed to parse the request JSON buffer: {exc}") from exc
     if not isinstance(obj, dict):
-        raise MalformedRequestError("failed to parse the request JSON buffer: expected an object")
-    params = obj.get("parameters", {})
+        raise MalformedRequestError(f"failed to parse the request JSON buffer: {not_object}")
+    return obj
+
+
+def _body_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of a repository request's body (an empty body: no members)."""
+    return json_object(body) if body.strip() else {}
+
+
+def _parse_parameters(body: bytes) -> dict[str, Any]:
+    """The ``parameters`` object of a load/unload body (empty body: no parameters)."""
+    params = _body_object(body).get("parameters", {})
     if not isinstance(params, dict):
         raise InvalidInputError("Unable to parse 'parameters': expected an object")
     return params

@@ -91,7 +91,82 @@ def parse_infer_body(
 ) -> ParsedInfer:
     """``parse_infer_request``, keeping what a plan is made from (see ParsedInfer)."""
     try:
-        return _parse(body, header_length, spec, model_name, model_version, max_json_size, resolve_shm)
+        total = len(body)
+        json_length = total if header_length is None else parse_header_length(header_length, total)
+        if json_length == 0:
+            return ParsedInfer(_parse_raw(body, spec, model_name, model_version, max_json_size), 0, {}, "")
+        if json_length > max_json_size:
+            raise InvalidInputError(
+                f"request JSON size of {json_length} bytes exceeds the maximum allowed input size of "
+                f"{max_json_size} bytes. Use --http-max-input-size to increase the limit."
+            )
+        root = load_json(body, json_length)
+        if not isinstance(root, dict):
+            root = {}  # TritonJson: a non-object has no members, so 'inputs' is "non-existing"
+
+        request_id = root.get("id", "")
+        if type(request_id) is not str:
+            raise MalformedRequestError("Unable to parse 'id': " + NOT_STRING)
+        prefix = f"[request id: {request_id or '<id_unknown>'}] "
+
+        params = root.get("parameters")
+        priority = 0
+        timeout_us: int | None = None
+        binary_data_output = False
+        custom: dict[str, ParameterValue] = {}
+        if params is not None:
+            if type(params) is not dict:
+                raise MalformedRequestError("failed to get request params.: attempt to get members for non-object")
+            if params:
+                priority, timeout_us, binary_data_output = request_parameters(params, custom)
+
+        inputs_json = root.get("inputs")
+        if type(inputs_json) is not list:
+            detail = NO_MEMBER.format("inputs") if inputs_json is None and "inputs" not in root else NOT_ARRAY
+            raise MalformedRequestError("Unable to parse 'inputs': " + detail)
+
+        parsed: dict[str, wire_inputs.WireInput] = {}
+        offset = json_length
+        for entry in inputs_json:
+            item = _parse_input(entry, body, offset, parsed, model_name, max_json_size, prefix, resolve_shm)
+            parsed[item.name] = item
+            if item.source == wire_inputs.BINARY:
+                offset += item.size
+        if offset != total:
+            raise InvalidInputError(f"unexpected additional input data for model '{model_name}'", model=model_name)
+
+        outputs: tuple[RequestedOutput, ...] | None = None
+        if "outputs" in root:
+            outputs = _parse_outputs(root["outputs"], spec, prefix, model_name, resolve_shm)
+            for out in outputs:
+                if out.name not in spec.outputs:
+                    # Triton checks the requested names in sorted order: report the first.
+                    name = min(o.name for o in outputs if o.name not in spec.outputs)
+                    raise InvalidInputError(
+                        f"unexpected inference output '{name}' for model '{model_name}'", model=model_name
+                    )
+
+        rules = spec.rules
+        names, rows = rules.check_request(parsed, model_name, prefix)
+        checked: dict[str, NDArray[Any]] = {}
+        for name in names:  # each checked, then decoded, in Triton's order
+            item = parsed[name]
+            rules.check_input(name, item, model_name, prefix)
+            checked[name] = wire_inputs.to_array(item, model_name, prefix)
+        arrays = checked if len(names) == 1 else {name: checked[name] for name in parsed}
+        request = InferRequest(
+            model_name=model_name,
+            inputs=arrays,
+            rows=rows,
+            id=request_id,
+            model_version=model_version,
+            outputs=outputs,
+            parameters=custom,
+            priority=priority,
+            timeout_us=timeout_us,
+            binary_data_output=binary_data_output,
+        )
+        return ParsedInfer(request, json_length, parsed, prefix)
     except NereidError:
         raise
     except Exception as exc:  # last resort: every real check raises a NereidError
@@ -99,93 +174,6 @@ def parse_infer_body(
             f"failed to parse the inference request for model '{model_name}': "
             f"unexpected {type(exc).__name__}: {exc}"
         ) from exc
-
-
-def _parse(
-    body: bytes,
-    header_length: str | None,
-    spec: ModelCodec,
-    model_name: str,
-    model_version: int | None,
-    max_json_size: int,
-    resolve_shm: ShmResolver | None,
-) -> ParsedInfer:
-    total = len(body)
-    json_length = total if header_length is None else parse_header_length(header_length, total)
-    if json_length == 0:
-        return ParsedInfer(_parse_raw(body, spec, model_name, model_version, max_json_size), 0, {}, "")
-    if json_length > max_json_size:
-        raise InvalidInputError(
-            f"request JSON size of {json_length} bytes exceeds the maximum allowed input size of "
-            f"{max_json_size} bytes. Use --http-max-input-size to increase the limit."
-        )
-    root = load_json(body, json_length)
-    if not isinstance(root, dict):
-        root = {}  # TritonJson: a non-object has no members, so 'inputs' is "non-existing"
-
-    request_id = root.get("id", "")
-    if type(request_id) is not str:
-        raise MalformedRequestError("Unable to parse 'id': " + NOT_STRING)
-    prefix = f"[request id: {request_id or '<id_unknown>'}] "
-
-    params = root.get("parameters")
-    priority = 0
-    timeout_us: int | None = None
-    binary_data_output = False
-    custom: dict[str, ParameterValue] = {}
-    if params is not None:
-        if type(params) is not dict:
-            raise MalformedRequestError("failed to get request params.: attempt to get members for non-object")
-        if params:
-            priority, timeout_us, binary_data_output = request_parameters(params, custom)
-
-    inputs_json = root.get("inputs")
-    if type(inputs_json) is not list:
-        detail = NO_MEMBER.format("inputs") if inputs_json is None and "inputs" not in root else NOT_ARRAY
-        raise MalformedRequestError("Unable to parse 'inputs': " + detail)
-
-    parsed: dict[str, wire_inputs.WireInput] = {}
-    offset = json_length
-    for entry in inputs_json:
-        item = _parse_input(entry, body, offset, parsed, model_name, max_json_size, prefix, resolve_shm)
-        parsed[item.name] = item
-        if item.source == wire_inputs.BINARY:
-            offset += item.size
-    if offset != total:
-        raise InvalidInputError(f"unexpected additional input data for model '{model_name}'", model=model_name)
-
-    outputs: tuple[RequestedOutput, ...] | None = None
-    if "outputs" in root:
-        outputs = _parse_outputs(root["outputs"], spec, prefix, model_name, resolve_shm)
-        for out in outputs:
-            if out.name not in spec.outputs:
-                # Triton checks the requested names in sorted order: report the first.
-                name = min(o.name for o in outputs if o.name not in spec.outputs)
-                raise InvalidInputError(
-                    f"unexpected inference output '{name}' for model '{model_name}'", model=model_name
-                )
-
-    rules = spec.rules
-    names, rows = rules.check_request(parsed, model_name, prefix)
-    checked: dict[str, NDArray[Any]] = {}
-    for name in names:  # each checked, then decoded, in Triton's order
-        item = parsed[name]
-        rules.check_input(name, item, model_name, prefix)
-        checked[name] = wire_inputs.to_array(item, model_name, prefix)
-    arrays = checked if len(names) == 1 else {name: checked[name] for name in parsed}
-    request = InferRequest(
-        model_name=model_name,
-        inputs=arrays,
-        rows=rows,
-        id=request_id,
-        model_version=model_version,
-        outputs=outputs,
-        parameters=custom,
-        priority=priority,
-        timeout_us=timeout_us,
-        binary_data_output=binary_data_output,
-    )
-    return ParsedInfer(request, json_length, parsed, prefix)
 
 
 def _parse_input(

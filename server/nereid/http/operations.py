@@ -13,7 +13,6 @@ import dataclasses
 import logging
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,7 +24,7 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.http.endpoints import empty_response, error_response, json_response
+from nereid.http.endpoints import empty_response, error_response, json_object, json_response
 from nereid.log import LOG_FORMATS, apply_log_settings, log_settings
 from nereid.model_manager import ModelManager
 from nereid.options import ServerOptions
@@ -83,10 +82,7 @@ class Operations:
 
     async def system_shm_register(self, request: Request) -> Response:
         try:
-            self._client_shm_allowed()
-            name = request.path_params.get("region")
-            if not name:
-                raise InvalidInputError("'region name' is necessary to register system shared memory region")
+            name = self._region_to_register(request, "system")
             body = _json_object(await request.body())
             if "key" not in body:
                 raise InvalidInputError("Shared memory register request has no 'key' field")
@@ -118,6 +114,15 @@ class Operations:
         if not self.options.allow_client_shm:
             raise UnsupportedError(CLIENT_SHM_DISABLED)
 
+    def _region_to_register(self, request: Request, kind: str) -> str:
+        """The region a register request names (``kind``: system or cuda), once client
+        shared memory is allowed."""
+        self._client_shm_allowed()
+        name: str | None = request.path_params.get("region")
+        if not name:
+            raise InvalidInputError(f"'region name' is necessary to register {kind} shared memory region")
+        return name
+
     # -- CUDA shared memory (answers of a server without GPU support) ------------------
 
     async def cuda_shm_status(self, request: Request) -> Response:
@@ -132,10 +137,7 @@ class Operations:
 
     async def cuda_shm_register(self, request: Request) -> Response:
         try:
-            self._client_shm_allowed()
-            name = request.path_params.get("region")
-            if not name:
-                raise InvalidInputError("'region name' is necessary to register cuda shared memory region")
+            name = self._region_to_register(request, "cuda")
             # torch is imported lazily, off the event loop (its first import takes seconds).
             if await asyncio.to_thread(_cuda_available):
                 raise InvalidInputError(
@@ -198,13 +200,7 @@ class Operations:
 def _json_object(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise MalformedRequestError("failed to parse the request JSON buffer: The document is empty. at 0")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequestError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(obj, dict):
-        raise MalformedRequestError("failed to parse the request JSON buffer: expected a JSON object")
-    return obj
+    return json_object(body, "expected a JSON object")
 
 
 def _is_uint(value: Any) -> bool:
