@@ -2,7 +2,7 @@
 
 ``NativeHarness`` builds a real NativeServer and Connection on a stub app: ``StubEndpoints``
 stands for ``Endpoints.start_infer`` (it answers an infer request with what it was given,
-through ``reply_known``, ``reply`` or later), and ``stub_asgi`` is the ASGI app behind
+through ``reply_repeat``, ``reply`` or later), and ``stub_asgi`` is the ASGI app behind
 ``asgi_bridge`` for every other request. Bytes are fed in reads split wherever a test
 likes; ``FakeTransport`` collects what the connection writes and honours pause/resume
 reading the way an asyncio transport does (no ``data_received`` while paused).
@@ -62,7 +62,7 @@ class StubEndpoints:
     (route, the InferHeaders fields, body), so a repeat given the wrong head or body shows.
     A body starting with ``bad`` gets a 400 through ``reply``; one starting with ``later``
     is answered by ``release`` (as a model would, on the loop, later); any other at once
-    through ``reply_known`` (one headers object per answer length, like known answers)."""
+    through ``reply_repeat`` (one headers object per answer length, like known answers)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str | None, bytes]] = []
@@ -84,10 +84,10 @@ class StubEndpoints:
                 (b"content-type", b"application/octet-stream"), (b"content-length", b"%d" % len(answer)))
         parts = [answer[:7], answer[7:]]
         if not body.startswith(b"later"):
-            responder.reply_known(known, parts)
+            responder.reply_repeat(known, parts)
             return None
         ticket = _Ticket()
-        self.pending.append((ticket, lambda: responder.reply_known(known, parts)))
+        self.pending.append((ticket, lambda: responder.reply_repeat(known, parts)))
         return ticket
 
     def release(self) -> bool:

@@ -8,7 +8,7 @@ parser with a ``Responder``; the ASGI engines (uvicorn, granian, hypercorn) call
              (infer_request) and Repeats.learn_request -> ServingModel.submit
     answer:  (called once, on the loop, from the batch that ran it)
              Repeats.answer, else the full encoder (infer_response) and
-             Repeats.learn_answer -> Responder.reply_known / Responder.reply
+             Repeats.learn_answer -> Responder.reply_repeat / Responder.reply
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Responder(Protocol):
         """Any answer: its status, headers (without content-length: the engine adds it
         from ``body``) and body."""
 
-    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
         """A 200 answer made by ``Repeats.answer``: ``headers`` (content-length included)
         are the same object for every answer of its kind, so the engine may remember their
         encoding; the body is ``parts`` joined."""
@@ -210,9 +210,9 @@ class _InferCall:
         try:
             if error is None:
                 if self.accept_encoding is None or parse_accept_encoding(self.accept_encoding) is None:
-                    known = self.codec.repeats.answer(self.request, outputs, self.serving.version)
-                    if known is not None:
-                        responder.reply_known(*known)
+                    repeat = self.codec.repeats.answer(self.request, outputs, self.serving.version)
+                    if repeat is not None:
+                        responder.reply_repeat(*repeat)
                         return
                 responder.reply(*self._encode(outputs))
             elif isinstance(error, asyncio.CancelledError):
@@ -257,7 +257,7 @@ class _AsgiResponder:
                 headers = [*headers, (b"content-length", str(len(body)).encode())]
             self.answer.set_result((status, headers, body))
 
-    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
         if not self.answer.done():
             self.answer.set_result((200, list(headers), b"".join(parts)))
 

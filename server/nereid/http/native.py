@@ -1,7 +1,7 @@
 """NativeServer: nereid's own HTTP/1.1 engine, httptools' parser on the asyncio loop.
 
 Owns the listening socket, the lifespan, the state shared by its connections (infer
-routes by URL, encoded ``reply_known`` heads, the ShortcutCounters) and graceful shutdown.
+routes by URL, encoded ``reply_repeat`` heads, the ShortcutCounters) and graceful shutdown.
 One ``native_connection.Connection`` per socket does the HTTP/1.1 framing: infer requests
 go from the parser straight to ``Endpoints.start_infer`` and back as one socket write,
 with no ASGI messages, task, coroutine or Future per request; every other request, and the
@@ -25,11 +25,11 @@ from typing import Any
 from nereid.http.app import NereidApp
 from nereid.http.asgi_bridge import Lifespan
 from nereid.http.native_connection import Connection
-from nereid.http.native_response import encode_known_head
+from nereid.http.native_response import encode_repeat_head
 
 __all__ = ["NativeServer", "ShortcutCounters"]
 
-#: URLs whose infer route the server remembers, and reply_known heads it keeps encoded
+#: URLs whose infer route the server remembers, and reply_repeat heads it keeps encoded
 #: (each cleared when full).
 _MAX_ROUTES = 1024
 
@@ -66,15 +66,15 @@ class NativeServer:
         self.shortcuts = ShortcutCounters()
         self._tasks: set[asyncio.Task[None]] = set()
         self._routes: dict[bytes, tuple[str, str | None] | None] = {}
-        #: keep-alive 200 heads of reply_known answers, by their headers object.
-        self.known_heads: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+        #: keep-alive 200 heads of reply_repeat answers, by their headers object.
+        self.repeat_heads: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
 
-    def add_known_head(self, headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    def add_repeat_head(self, headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
         """The encoded keep-alive 200 head for ``headers`` (which hold content-length)."""
-        head = encode_known_head(headers)
-        if len(self.known_heads) >= _MAX_ROUTES:
-            self.known_heads.clear()  # answers of ever-changing shapes must not pile up
-        self.known_heads[headers] = head
+        head = encode_repeat_head(headers)
+        if len(self.repeat_heads) >= _MAX_ROUTES:
+            self.repeat_heads.clear()  # answers of ever-changing shapes must not pile up
+        self.repeat_heads[headers] = head
         return head
 
     def infer_route(self, url: bytes) -> tuple[str, str | None] | None:

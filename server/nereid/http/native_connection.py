@@ -3,7 +3,7 @@
 Owns one connection's framing: requests parsed by httptools callbacks, pipelined requests
 answered one at a time in order (reading pauses when too many wait), Expect: 100-continue,
 chunked request bodies, the request size limit, keep-alive and ``connection: close``, and
-the response bytes (Content-Length or chunked; a ``reply_known`` head encoded once per
+the response bytes (Content-Length or chunked; a ``reply_repeat`` head encoded once per
 headers object and server). Infer requests go straight to ``Endpoints.start_infer`` (the
 connection is their ``Responder``); every other request goes to the ASGI app through
 ``asgi_bridge`` (the connection is that exchange's ``Responder`` too).
@@ -314,16 +314,16 @@ class Connection(asyncio.Protocol):
 
     def _start_infer(self, route: tuple[str, str | None], request: _Request, body: bytes) -> None:
         """Hand the active infer request to the endpoints; its answer comes back through
-        ``reply`` or ``reply_known`` (maybe at once)."""
+        ``reply`` or ``reply_repeat`` (maybe at once)."""
         ticket = self._server.app.endpoints.start_infer(
             route[0], route[1], request.parsed_infer_headers(), body, time.monotonic_ns(), self
         )
         if ticket is not None:  # None: answered already (and maybe the next one started)
             self._ticket = ticket
 
-    def reply_known(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
         """A 200 answer whose ``headers`` are one object per kind of answer
-        (Responder.reply_known): their head is encoded once per server, then reused."""
+        (Responder.reply_repeat): their head is encoded once per server, then reused."""
         request = self._active
         assert request is not None
         if not request.keep_alive or self._server.closing or request.method == b"HEAD":
@@ -332,9 +332,9 @@ class Connection(asyncio.Protocol):
         self._ticket = None
         if self._gone:
             return
-        head = self._server.known_heads.get(headers)
+        head = self._server.repeat_heads.get(headers)
         if head is None:
-            head = self._server.add_known_head(headers)
+            head = self._server.add_repeat_head(headers)
         self._transport.write(b"".join([head, *parts]))
         self._done()
 

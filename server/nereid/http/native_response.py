@@ -1,12 +1,12 @@
 """The bytes the native engine writes ahead of a response body: status lines, heads
-(Content-Length or chunked, ``connection: close``), the head of a ``reply_known`` answer,
+(Content-Length or chunked, ``connection: close``), the head of a ``reply_repeat`` answer,
 and 100 Continue. Pure functions of their arguments; the connection decides when."""
 
 from __future__ import annotations
 
 import http
 
-__all__ = ["CONTINUE", "encode_known_head", "response_head", "status_line"]
+__all__ = ["CONTINUE", "encode_repeat_head", "response_head", "status_line"]
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
@@ -20,8 +20,8 @@ def status_line(status: int) -> bytes:
 _STATUS_LINES = {status: status_line(status) for status in (200, 400, 404, 405, 500, 501, 503)}
 
 
-def encode_known_head(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
-    """The keep-alive 200 head of a ``reply_known`` answer (``headers`` hold content-length)."""
+def encode_repeat_head(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    """The keep-alive 200 head of a ``reply_repeat`` answer (``headers`` hold content-length)."""
     return _STATUS_LINES[200] + b"".join(b"%s: %s\r\n" % pair for pair in headers) + b"\r\n"
 
 
