@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import string
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -209,6 +210,64 @@ def test_extensions_travel_as_string_parameters_only_when_not_default() -> None:
     assert plain["parameters"] == {}
 
 
+def test_isolation_and_execution_timeout_travel_as_string_parameters() -> None:
+    config = minimal(
+        instance_group=(
+            InstanceGroup("add_one_0", count=2, isolation="process"),
+            InstanceGroup("threads"),
+        ),
+        execution_timeout_ms=250,
+        parameters={"tokenizer": "bert-base"},
+    )
+    rendered = as_json(config)
+    assert rendered["parameters"] == {
+        "execution_timeout_ms": {"string_value": "250"},
+        "instance_group.add_one_0.isolation": {"string_value": "process"},
+        "tokenizer": {"string_value": "bert-base"},
+    }
+    # Never invented fields: stock clients parse the JSON as Triton's ModelConfig.
+    assert "execution_timeout_ms" not in rendered
+    assert all("isolation" not in group for group in rendered["instance_group"])
+    # The model's own parameters stay the user's.
+    assert config.parameters == {"tokenizer": "bert-base"}
+    assert from_json(rendered).parameters == {"tokenizer": "bert-base"}
+
+
+def test_thread_isolation_and_no_execution_timeout_are_not_rendered() -> None:
+    config = minimal(instance_group=(InstanceGroup("add_one", isolation="thread"),))
+    assert as_json(config)["parameters"] == {}
+
+
+def test_isolation_is_rendered_under_the_defaulted_group_name() -> None:
+    document = {"instance_group": [{"kind": "CPU"}, {"isolation": "process"}]}
+    config = parse_model_config(document, source=SOURCE, folder_name="add_one")
+    assert as_json(config)["parameters"] == {
+        "instance_group.add_one_1.isolation": {"string_value": "process"}
+    }
+    # Without [[instance_group]], the one default group is named after the model.
+    default = parse_model_config({}, source=SOURCE, folder_name="add_one")
+    group = replace(default.instance_group[0], isolation="process")
+    assert as_json(replace(default, instance_group=(group,)))["parameters"] == {
+        "instance_group.add_one.isolation": {"string_value": "process"}
+    }
+
+
+def test_isolation_and_execution_timeout_survive_a_json_round_trip() -> None:
+    config = minimal(
+        instance_group=(
+            InstanceGroup("add_one_0", isolation="process"),
+            InstanceGroup("cpu.group", kind="KIND_CPU", isolation="process"),
+            InstanceGroup("threads", count=3),
+        ),
+        execution_timeout_ms=1500,
+        parameters={"k": "v"},
+    )
+    rendered = as_json(config)
+    loaded = from_json(json.loads(json.dumps(rendered)))
+    assert loaded == config
+    assert json.dumps(as_json(loaded)) == json.dumps(rendered)
+
+
 def test_reshape_is_rendered_only_when_set() -> None:
     config = minimal(
         input=(ModelInput("X", FP32, (1,), reshape=()),),
@@ -395,6 +454,65 @@ def test_json_override_reads_extensions_back_into_their_fields() -> None:
     assert config.parameters == {}
 
 
+def test_json_override_reads_isolation_and_timeout_back_from_parameters() -> None:
+    config = from_json(
+        {
+            "instance_group": [{"name": "g", "count": 2}, {"kind": "KIND_CPU"}],
+            "parameters": {
+                "instance_group.g.isolation": {"string_value": "process"},
+                "instance_group.add_one_1.isolation": {"string_value": "PROCESS"},
+                "execution_timeout_ms": {"string_value": "250"},
+                "tokenizer": {"string_value": "bert-base"},
+            },
+        }
+    )
+    assert config.instance_group == (
+        InstanceGroup("g", count=2, isolation="process"),
+        InstanceGroup("add_one_1", kind="KIND_CPU", isolation="process"),
+    )
+    assert config.execution_timeout_ms == 250
+    assert config.parameters == {"tokenizer": "bert-base"}
+
+
+def test_json_override_takes_isolation_and_timeout_under_nereids_own_names() -> None:
+    config = from_json(
+        {
+            "execution_timeout_ms": 100,
+            "instance_group": [{"isolation": "Process"}, {"name": "t", "isolation": "thread"}],
+        }
+    )
+    assert config.execution_timeout_ms == 100
+    assert config.instance_group == (
+        InstanceGroup("add_one_0", isolation="process"),
+        InstanceGroup("t", isolation="thread"),
+    )
+    # protobuf's JSON form writes 64-bit integers as strings; accepted as for other keys.
+    assert from_json({"execution_timeout_ms": "100"}).execution_timeout_ms == 100
+
+
+def test_json_isolation_parameter_for_the_default_group_applies_to_it() -> None:
+    parameters = {"instance_group.add_one.isolation": {"string_value": "process"}}
+    config = from_json({"parameters": parameters})
+    assert config.instance_group == (InstanceGroup("add_one", isolation="process"),)
+    assert config.parameters == {}
+
+
+def test_json_extension_given_both_ways_is_accepted_when_they_agree() -> None:
+    config = from_json(
+        {
+            "execution_timeout_ms": "250",
+            "instance_group": [{"name": "g", "isolation": "process"}],
+            "parameters": {
+                "execution_timeout_ms": {"string_value": "250"},
+                "instance_group.g.isolation": {"string_value": "PROCESS"},
+            },
+        }
+    )
+    assert config.execution_timeout_ms == 250
+    assert config.instance_group == (InstanceGroup("g", isolation="process"),)
+    assert config.parameters == {}
+
+
 JSON_REJECTED = [
     pytest.param(
         [1],
@@ -458,6 +576,76 @@ JSON_REJECTED = [
         "parameters.max_concurrent_batches: this name is reserved for nereid's extension; "
         "set dynamic_batching.max_concurrent_batches",
         id="concurrency-without-dynamic-batching",
+    ),
+    pytest.param(
+        {"instance_group": [{"isolation": "fork"}]},
+        'instance_group[0].isolation: expected "thread" or "process", got "fork"',
+        id="unknown-isolation",
+    ),
+    pytest.param(
+        {"instance_group": [{"isolaton": "process"}]},
+        'instance_group[0]: unknown key "isolaton" (did you mean "isolation"?)',
+        id="isolation-misspelt",
+    ),
+    pytest.param(
+        {
+            "instance_group": [{"name": "g"}],
+            "parameters": {"instance_group.g.isolation": {"string_value": "fork"}},
+        },
+        'instance_group[0].isolation: expected "thread" or "process", got "fork"',
+        id="unknown-isolation-in-parameters",
+    ),
+    pytest.param(
+        {
+            "instance_group": [{"name": "g"}],
+            "parameters": {"instance_group.g.isolation": {"int64_value": 1}},
+        },
+        'parameters."instance_group.g.isolation": expected a string in a string_value, '
+        'got {"int64_value": 1}',
+        id="isolation-parameter-not-a-string",
+    ),
+    pytest.param(
+        {
+            "instance_group": [{"name": "g"}],
+            "parameters": {"instance_group.nope.isolation": {"string_value": "process"}},
+        },
+        'parameters."instance_group.nope.isolation": this name is reserved for nereid\'s '
+        "extension; set isolation in the group's [[instance_group]] table",
+        id="isolation-parameter-for-missing-group",
+    ),
+    pytest.param(
+        {
+            "instance_group": [{"name": "g", "isolation": "thread"}],
+            "parameters": {"instance_group.g.isolation": {"string_value": "process"}},
+        },
+        'parameters."instance_group.g.isolation": conflicts with instance_group[0].isolation '
+        '= "thread"; set it in one place',
+        id="isolation-given-both-ways-differently",
+    ),
+    pytest.param(
+        {"execution_timeout_ms": -5},
+        "execution_timeout_ms: expected an integer >= 0, got -5",
+        id="negative-execution-timeout",
+    ),
+    pytest.param(
+        {"parameters": {"execution_timeout_ms": {"string_value": "-5"}}},
+        "execution_timeout_ms: expected an integer >= 0, got -5",
+        id="negative-execution-timeout-in-parameters",
+    ),
+    pytest.param(
+        {"parameters": {"execution_timeout_ms": {"string_value": "soon"}}},
+        "parameters.execution_timeout_ms: expected an integer in a string_value, "
+        'got {"string_value": "soon"}',
+        id="execution-timeout-parameter-not-a-number",
+    ),
+    pytest.param(
+        {
+            "execution_timeout_ms": 100,
+            "parameters": {"execution_timeout_ms": {"string_value": "250"}},
+        },
+        "parameters.execution_timeout_ms: conflicts with execution_timeout_ms = 100; "
+        "set it in one place",
+        id="execution-timeout-given-both-ways-differently",
     ),
     pytest.param(
         {"input": [{"name": "X", "data_type": "FP32", "dims": "16"}]},
@@ -597,7 +785,7 @@ def warmups(draw: st.DrawFn, inputs: list[dict[str, Any]], max_batch_size: int) 
     }
 
 
-RESERVED = "max_concurrent_batches"
+RESERVED = ("max_concurrent_batches", "execution_timeout_ms")
 
 
 @st.composite
@@ -632,13 +820,24 @@ def toml_configs(draw: st.DrawFn) -> dict[str, Any]:
             if kind != "CPU":
                 group["gpus"] = draw(st.lists(st.integers(0, 3), max_size=2))
             if draw(st.booleans()):
-                group["name"] = draw(st.text(NAME_CHARS, min_size=1, max_size=6))
+                group["name"] = draw(st.text(NAME_CHARS + ".", min_size=1, max_size=6))
+            if draw(st.booleans()):
+                group["isolation"] = draw(st.sampled_from(["thread", "process", "PROCESS"]))
             groups.append(group)
+        # Groups sharing a name must share the isolation (the JSON form keys it by name).
+        isolation_of: dict[str, str] = {}
+        for index, group in enumerate(groups):
+            name = group.get("name", f"add_one_{index}")
+            isolation = str(group.get("isolation", "thread")).lower()
+            if isolation_of.setdefault(name, isolation) != isolation:
+                group["isolation"] = isolation_of[name]
         config["instance_group"] = groups
     config["parameters"] = draw(
         st.dictionaries(
             st.text(NAME_CHARS + ".-", min_size=1, max_size=8).filter(
-                lambda key: key != RESERVED and not key.startswith("pad_value.")
+                lambda key: key not in RESERVED
+                and not key.startswith("pad_value.")
+                and not (key.startswith("instance_group.") and key.endswith(".isolation"))
             ),
             st.text(max_size=8) | st.integers() | st.booleans() | st.floats(allow_nan=False),
             max_size=3,
@@ -646,6 +845,8 @@ def toml_configs(draw: st.DrawFn) -> dict[str, Any]:
     )
     if draw(st.booleans()):
         config["model_transaction_policy"] = {"decoupled": draw(st.booleans())}
+    if draw(st.booleans()):
+        config["execution_timeout_ms"] = draw(st.integers(0, 10**7))
     config["model_warmup"] = [
         draw(warmups(inputs, max_batch_size)) for _ in range(draw(st.integers(0, 2)))
     ]

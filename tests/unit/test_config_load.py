@@ -177,7 +177,9 @@ def test_minimal_config_takes_tritons_defaults(repository: Path) -> None:
         parameters={},
         model_transaction_policy=ModelTransactionPolicy(decoupled=False),
         model_warmup=(),
+        execution_timeout_ms=0,
     )
+    assert config.instance_group[0].isolation == "thread"
 
 
 def test_missing_name_defaults_to_the_folder_name(repository: Path) -> None:
@@ -314,6 +316,53 @@ def test_extensions_are_read_into_their_fields(repository: Path) -> None:
     config = load(repository, text + "[dynamic_batching]\nmax_concurrent_batches = 4\n")
     assert config.input[0].pad_value == -1
     assert config.dynamic_batching == DynamicBatching(max_concurrent_batches=4)
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [
+        pytest.param("thread", "thread", id="thread"),
+        pytest.param("process", "process", id="process"),
+        pytest.param("PROCESS", "process", id="uppercase"),
+        pytest.param("Thread", "thread", id="mixed-case"),
+    ],
+)
+def test_instance_isolation_is_case_insensitive_and_stored_lowercase(
+    repository: Path, written: str, stored: str
+) -> None:
+    config = load(repository, f'[[instance_group]]\nisolation = "{written}"\n')
+    assert config.instance_group == (InstanceGroup("add_one_0", isolation=stored),)
+
+
+def test_isolation_is_per_group_and_defaults_to_thread(repository: Path) -> None:
+    text = """
+    [[instance_group]]
+    kind = "CPU"
+    count = 2
+    isolation = "process"
+    [[instance_group]]
+    name = "threads"
+    """
+    assert load(repository, text).instance_group == (
+        InstanceGroup("add_one_0", count=2, kind="KIND_CPU", isolation="process"),
+        InstanceGroup("threads", isolation="thread"),
+    )
+
+
+@pytest.mark.parametrize("timeout", [0, 1, 250, 3_600_000])
+def test_execution_timeout_ms_is_read_at_the_top_level(repository: Path, timeout: int) -> None:
+    assert load(repository, f"execution_timeout_ms = {timeout}\n").execution_timeout_ms == timeout
+
+
+def test_extensions_stay_out_of_the_models_parameters(repository: Path) -> None:
+    text = """
+    execution_timeout_ms = 250
+    [[instance_group]]
+    isolation = "process"
+    [parameters]
+    tokenizer = "bert-base"
+    """
+    assert load(repository, text).parameters == {"tokenizer": "bert-base"}
 
 
 def test_pad_value_on_a_string_input_is_accepted(repository: Path) -> None:
@@ -784,6 +833,65 @@ REJECTED = [
         "instance_group[0].count: expected an integer >= 1, got 0",
         id="zero-instances",
     ),
+    pytest.param(
+        '[[instance_group]]\nisolation = "fork"',
+        'instance_group[0].isolation: expected "thread" or "process", got "fork"',
+        id="unknown-isolation",
+    ),
+    pytest.param(
+        '[[instance_group]]\n[[instance_group]]\nisolation = ""',
+        'instance_group[1].isolation: expected "thread" or "process", got ""',
+        id="empty-isolation",
+    ),
+    pytest.param(
+        "[[instance_group]]\nisolation = true",
+        'instance_group[0].isolation: expected "thread" or "process", got true',
+        id="isolation-not-a-string",
+    ),
+    pytest.param(
+        '[[instance_group]]\nisolaton = "process"',
+        'instance_group[0]: unknown key "isolaton" (did you mean "isolation"?)',
+        id="isolation-misspelt",
+    ),
+    pytest.param(
+        '[[instance_group]]\nname = "g"\n[[instance_group]]\nname = "g"\nisolation = "process"',
+        'instance_group[1].isolation: expected "thread" (the isolation of instance_group[0], '
+        'which has the same name "g"), got "process"',
+        id="same-group-name-different-isolation",
+    ),
+    # execution timeout
+    pytest.param(
+        "execution_timeout_ms = -1",
+        "execution_timeout_ms: expected an integer >= 0, got -1",
+        id="negative-execution-timeout",
+    ),
+    pytest.param(
+        "execution_timeout_ms = 1.5",
+        "execution_timeout_ms: expected an integer >= 0, got 1.5",
+        id="execution-timeout-float",
+    ),
+    pytest.param(
+        'execution_timeout_ms = "250"',
+        'execution_timeout_ms: expected an integer >= 0, got "250"',
+        id="execution-timeout-string",
+    ),
+    pytest.param(
+        "execution_timeout_ms = true",
+        "execution_timeout_ms: expected an integer >= 0, got true",
+        id="execution-timeout-bool",
+    ),
+    pytest.param(
+        "execution_timeout = 250",
+        'unknown key "execution_timeout" (did you mean "execution_timeout_ms"?)',
+        id="execution-timeout-misspelt",
+    ),
+    pytest.param(
+        "[dynamic_batching]\nexecution_timeout_ms = 250",
+        'dynamic_batching: unknown key "execution_timeout_ms" (known keys: '
+        + DYNAMIC_KEYS
+        + ")",
+        id="execution-timeout-is-top-level-only",
+    ),
     # parameters
     pytest.param(
         "[parameters]\nmax_concurrent_batches = 2",
@@ -796,6 +904,18 @@ REJECTED = [
         'parameters."pad_value.INPUT0": this name is reserved for nereid\'s extension; '
         "set pad_value in the input's [[input]] table",
         id="reserved-parameter-pad-value",
+    ),
+    pytest.param(
+        "[parameters]\nexecution_timeout_ms = 250",
+        "parameters.execution_timeout_ms: this name is reserved for nereid's extension; "
+        "set the top-level execution_timeout_ms",
+        id="reserved-parameter-execution-timeout",
+    ),
+    pytest.param(
+        '[parameters]\n"instance_group.add_one_0.isolation" = "process"',
+        'parameters."instance_group.add_one_0.isolation": this name is reserved for '
+        "nereid's extension; set isolation in the group's [[instance_group]] table",
+        id="reserved-parameter-isolation",
     ),
     pytest.param(
         "[parameters]\nsizes = [1, 2]",

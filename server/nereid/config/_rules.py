@@ -39,6 +39,7 @@ def check_rules(config: ModelConfig, *, source: str, folder_name: str) -> None:
         rules.dynamic_batching(config.dynamic_batching, config.max_batch_size)
     for index, group in enumerate(config.instance_group):
         rules.instance_group(f"instance_group[{index}]", group)
+    rules.isolation_by_name(config.instance_group)
     for index, warmup in enumerate(config.model_warmup):
         rules.warmup(f"model_warmup[{index}]", warmup, config)
 
@@ -169,6 +170,19 @@ class _Rules:
         # is missing); KIND_CPU must not.
         if group.kind == "KIND_CPU" and group.gpus:
             self.fail(f"{where}.gpus", "no GPUs with kind KIND_CPU", list(group.gpus))
+
+    def isolation_by_name(self, groups: Sequence[InstanceGroup]) -> None:
+        # The JSON form keys a group's isolation by its name, so groups sharing a name
+        # (which the loader allows) must share the isolation too.
+        first_index: dict[str, int] = {}
+        for index, group in enumerate(groups):
+            first = first_index.setdefault(group.name, index)
+            if groups[first].isolation != group.isolation:
+                expected = (
+                    f"{render(groups[first].isolation)} (the isolation of instance_group[{first}], "
+                    f"which has the same name {render(group.name)})"
+                )
+                self.fail(f"instance_group[{index}].isolation", expected, group.isolation)
 
     def warmup(self, where: str, warmup: ModelWarmup, config: ModelConfig) -> None:
         size = warmup.batch_size

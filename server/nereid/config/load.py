@@ -24,7 +24,13 @@ from nereid.config.schema import (
     VersionPolicy,
     WarmupInput,
 )
-from nereid.config.triton_json import MAX_CONCURRENT_BATCHES, PAD_VALUE_PREFIX, toml_shaped
+from nereid.config.triton_json import (
+    EXECUTION_TIMEOUT_MS,
+    MAX_CONCURRENT_BATCHES,
+    PAD_VALUE_PREFIX,
+    isolation_group_name,
+    toml_shaped,
+)
 from nereid.datatypes import DATATYPES, DataType, by_config_name
 from nereid.errors import ConfigError
 
@@ -38,7 +44,7 @@ __all__ = ["load_model_config", "parse_model_config", "config_from_triton_json"]
 _TOP_KEYS = (
     "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
     "output", "dynamic_batching", "instance_group", "default_model_filename", "parameters",
-    "model_transaction_policy", "model_warmup",
+    "model_transaction_policy", "model_warmup", "execution_timeout_ms",
 )  # fmt: skip
 _VERSION_POLICY_KEYS = ("latest", "all", "specific")
 _INPUT_KEYS = (
@@ -54,7 +60,7 @@ _DYNAMIC_BATCHING_KEYS = (
 _QUEUE_POLICY_KEYS = (
     "timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size",
 )  # fmt: skip
-_INSTANCE_GROUP_KEYS = ("name", "count", "kind", "gpus")
+_INSTANCE_GROUP_KEYS = ("name", "count", "kind", "gpus", "isolation")
 _WARMUP_KEYS = ("name", "batch_size", "inputs", "count")
 _WARMUP_INPUT_KEYS = ("data_type", "dims", "zero_data", "random_data", "input_data_file")
 _WARMUP_DATA_KEYS = ("zero_data", "random_data", "input_data_file")
@@ -62,6 +68,7 @@ _WARMUP_DATA_KEYS = ("zero_data", "random_data", "input_data_file")
 _FORMATS = ("FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW")
 _KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 _TIMEOUT_ACTIONS = ("REJECT", "DELAY")
+_ISOLATIONS = ("thread", "process")
 _DATA_TYPE_NAMES = ", ".join(dt.config_name for dt in DATATYPES)
 _DIMS = "a list of integers, each -1 (any size) or >= 1"
 
@@ -92,7 +99,7 @@ def parse_model_config(data: Mapping[str, object], *, source: str, folder_name: 
 def config_from_triton_json(obj: object, *, source: str, folder_name: str) -> ModelConfig:
     """Validate a config in Triton's JSON form (the load API's ``config`` override, or
     what to_triton_json renders): the same walk and the same messages as config.toml."""
-    data = toml_shaped(obj, source=source)
+    data = toml_shaped(obj, source=source, folder_name=folder_name)
     return _parse(data, source, folder_name, json_form=True)
 
 
@@ -124,6 +131,7 @@ def _parse(
             decoupled=False if policy is None else policy.boolean("decoupled", False)
         ),
         model_warmup=tuple(_warmup(t) for t in root.tables("model_warmup", _WARMUP_KEYS)),
+        execution_timeout_ms=root.integer("execution_timeout_ms", 0, minimum=0),
     )
     check_rules(config, source=source, folder_name=folder_name)
     return config
@@ -264,9 +272,18 @@ def _instance_groups(root: Table, model_name: str) -> tuple[InstanceGroup, ...]:
             count=table.integer("count", 1, minimum=1),
             kind=table.enum("kind", "KIND_AUTO", _KINDS, "KIND_"),
             gpus=gpus,
+            isolation=_isolation(table),
         )
         groups.append(group)
     return tuple(groups)
+
+
+def _isolation(table: Table) -> str:
+    """``"thread"`` or ``"process"``; case does not matter, as for the enums."""
+    value = table.raw("isolation") if table.has("isolation") else "thread"
+    if isinstance(value, str) and value.lower() in _ISOLATIONS:
+        return value.lower()
+    table.fail("isolation", '"thread" or "process"', value)
 
 
 def _parameters(table: Table | None) -> dict[str, str]:
@@ -277,15 +294,24 @@ def _parameters(table: Table | None) -> dict[str, str]:
         name = str(key)
         # The JSON form carries nereid's extensions under these names (triton_json.py), so
         # a user parameter of that name would be read back as the extension.
-        if name == MAX_CONCURRENT_BATCHES or name.startswith(PAD_VALUE_PREFIX):
-            home = (
-                "dynamic_batching.max_concurrent_batches"
-                if name == MAX_CONCURRENT_BATCHES
-                else "pad_value in the input's [[input]] table"
-            )
+        home = _extension_home(name)
+        if home is not None:
             table.fail_detail(key, f"this name is reserved for nereid's extension; set {home}")
         parameters[name] = _parameter_value(table, key, value)
     return parameters
+
+
+def _extension_home(name: str) -> str | None:
+    """Where to set the extension a parameter name is reserved for; None if it is free."""
+    if name == MAX_CONCURRENT_BATCHES:
+        return "dynamic_batching.max_concurrent_batches"
+    if name.startswith(PAD_VALUE_PREFIX):
+        return "pad_value in the input's [[input]] table"
+    if name == EXECUTION_TIMEOUT_MS:
+        return "the top-level execution_timeout_ms"
+    if isolation_group_name(name) is not None:
+        return "isolation in the group's [[instance_group]] table"
+    return None
 
 
 def _parameter_value(table: Table, key: object, value: object) -> str:

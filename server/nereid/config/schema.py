@@ -103,6 +103,9 @@ class InstanceGroup:
     count: int = 1
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
+    #: nereid extension: ``"thread"`` (instances are threads of the server) or
+    #: ``"process"`` (each instance is an OS process of its own under a supervisor).
+    isolation: str = "thread"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,8 @@ class ModelConfig:
     parameters: Mapping[str, str] = field(default_factory=dict)
     model_transaction_policy: ModelTransactionPolicy | None = None
     model_warmup: tuple[ModelWarmup, ...] = ()
+    #: nereid extension: a batch running longer fails its requests; 0 = no limit.
+    execution_timeout_ms: int = 0
 
     @property
     def decoupled(self) -> bool:

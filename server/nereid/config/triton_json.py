@@ -29,6 +29,27 @@ __all__ = ["to_triton_json", "toml_shaped"]
 #: clients parse the JSON; load.py refuses user parameters with these names.
 MAX_CONCURRENT_BATCHES = "max_concurrent_batches"
 PAD_VALUE_PREFIX = "pad_value."
+EXECUTION_TIMEOUT_MS = "execution_timeout_ms"
+#: ``instance_group.<group name>.isolation``, present for groups that are not threads.
+ISOLATION_PREFIX = "instance_group."
+ISOLATION_SUFFIX = ".isolation"
+
+
+def isolation_parameter(group_name: str) -> str:
+    """The parameter that carries a group's ``isolation`` in the JSON form."""
+    return ISOLATION_PREFIX + group_name + ISOLATION_SUFFIX
+
+
+def isolation_group_name(parameter: str) -> str | None:
+    """The group an ``instance_group.<name>.isolation`` parameter names, else None."""
+    if (
+        parameter.startswith(ISOLATION_PREFIX)
+        and parameter.endswith(ISOLATION_SUFFIX)
+        and len(parameter) > len(ISOLATION_PREFIX) + len(ISOLATION_SUFFIX)
+    ):
+        return parameter[len(ISOLATION_PREFIX) : -len(ISOLATION_SUFFIX)]
+    return None
+
 
 _OPTIMIZATION = {
     "priority": "PRIORITY_DEFAULT",
@@ -200,6 +221,11 @@ def _parameters(config: ModelConfig) -> dict[str, object]:
     for tensor in config.input:
         if tensor.pad_value is not None:
             values[PAD_VALUE_PREFIX + tensor.name] = str(tensor.pad_value)
+    for group in config.instance_group:
+        if group.isolation != "thread":
+            values[isolation_parameter(group.name)] = group.isolation
+    if config.execution_timeout_ms:
+        values[EXECUTION_TIMEOUT_MS] = str(config.execution_timeout_ms)
     # Sorted: two equal configs may hold their parameters in different insertion orders.
     return {key: {"string_value": values[key]} for key in sorted(values)}
 
@@ -231,11 +257,12 @@ def _warmup(warmup: ModelWarmup) -> dict[str, object]:
 # -- JSON -> config.toml's shape --------------------------------------------------------
 
 
-def toml_shaped(obj: object, *, source: str) -> dict[str, object]:
+def toml_shaped(obj: object, *, source: str, folder_name: str = "") -> dict[str, object]:
     """A Triton JSON config reshaped as config.toml would hold it, for load.py's walk:
     nulls dropped (protobuf reads them as unset), fields nereid does not use removed when
     they hold their default (ConfigError otherwise), and nereid's extensions moved from
-    ``parameters`` back to their fields. ``obj`` itself is left untouched."""
+    ``parameters`` back to their fields. ``folder_name`` is the model name when the JSON
+    gives none (unnamed groups are named after it). ``obj`` itself is left untouched."""
     if not isinstance(obj, Mapping):
         raise ConfigError(source, "", expected="a JSON object", got=render(obj))
     data = _without_nulls(obj)
@@ -255,7 +282,7 @@ def toml_shaped(obj: object, *, source: str) -> dict[str, object]:
             for index, item in enumerate(items):
                 if isinstance(item, dict):
                     _drop_unused(item, f"{section}[{index}]", unused, source)
-    _extensions_from_parameters(data, source)
+    _extensions_from_parameters(data, source, folder_name)
     return data
 
 
@@ -300,10 +327,12 @@ def _is_default(value: object, default: object) -> bool:
     return isinstance(value, str) and isinstance(default, str) and value.upper() == default.upper()
 
 
-def _extensions_from_parameters(data: dict[str, object], source: str) -> None:
+def _extensions_from_parameters(data: dict[str, object], source: str, folder_name: str) -> None:
     parameters = data.get("parameters")
     if not isinstance(parameters, dict):
         return
+    _execution_timeout_from_parameters(data, parameters, source)
+    _isolation_from_parameters(data, parameters, source, folder_name)
     batching = data.get("dynamic_batching")
     inputs = data.get("input")
     by_name = {
@@ -319,6 +348,61 @@ def _extensions_from_parameters(data: dict[str, object], source: str) -> None:
             tensor = by_name[key[len(PAD_VALUE_PREFIX) :]]
             tensor["pad_value"] = _number(parameters.pop(key), where, source, integer=False)
         # Anything else stays a parameter; load.py refuses the reserved names left over.
+
+
+def _execution_timeout_from_parameters(
+    data: dict[str, object], parameters: dict[object, object], source: str
+) -> None:
+    if EXECUTION_TIMEOUT_MS not in parameters:
+        return
+    where = key_path("parameters", EXECUTION_TIMEOUT_MS)
+    value = _number(parameters.pop(EXECUTION_TIMEOUT_MS), where, source, integer=True)
+    if EXECUTION_TIMEOUT_MS in data:
+        given = data[EXECUTION_TIMEOUT_MS]
+        # Both spellings at once: fine when they agree (int64s may arrive as strings).
+        if isinstance(given, bool) or not isinstance(given, (int, str)) or str(given) != str(value):
+            detail = f"conflicts with execution_timeout_ms = {render(given)}; set it in one place"
+            raise ConfigError(source, where, detail=detail)
+    data[EXECUTION_TIMEOUT_MS] = value
+
+
+def _isolation_from_parameters(
+    data: dict[str, object], parameters: dict[object, object], source: str, folder_name: str
+) -> None:
+    model_name = data.get("name", folder_name)
+    groups = data.get("instance_group")
+    for key in [key for key in parameters if isinstance(key, str)]:
+        group_name = isolation_group_name(key)
+        if group_name is None:
+            continue
+        if groups is None and group_name == model_name:
+            # No groups given: the default group is named after the model (load.py).
+            groups = data["instance_group"] = [{"name": model_name}]
+        named = [
+            (index, item)
+            for index, item in enumerate(groups if isinstance(groups, list) else [])
+            if isinstance(item, dict) and item.get("name", f"{model_name}_{index}") == group_name
+        ]
+        if not named:
+            continue  # load.py refuses the reserved name left over
+        where = key_path("parameters", key)
+        value = _string(parameters.pop(key), where, source)
+        for index, item in named:
+            given = item.get("isolation", value)
+            if not isinstance(given, str) or given.lower() != value.lower():
+                detail = (
+                    f"conflicts with instance_group[{index}].isolation = {render(given)}; "
+                    "set it in one place"
+                )
+                raise ConfigError(source, where, detail=detail)
+            item.setdefault("isolation", value)
+
+
+def _string(value: object, where: str, source: str) -> str:
+    text = value.get("string_value") if isinstance(value, Mapping) else value
+    if isinstance(text, str):
+        return text
+    raise ConfigError(source, where, expected="a string in a string_value", got=render(value))
 
 
 def _number(value: object, where: str, source: str, *, integer: bool) -> int | float:
