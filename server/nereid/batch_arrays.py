@@ -19,7 +19,7 @@ import numpy.typing as npt
 from nereid.config.schema import ModelConfig, ModelInput, ModelOutput
 from nereid.datatypes import DATATYPES
 from nereid.errors import InternalError, ModelExecutionError
-from nereid.inference import InferRequest
+from nereid.inference import FINISHED, InferRequest
 
 __all__ = ["assemble", "batch_signature", "request_cost", "signature_function", "split"]
 
@@ -247,6 +247,35 @@ def split(
     return [dict(zip(names, row)) for row in zip(*columns)]
 
 
+def split_step(
+    step: Any, requests: Sequence[InferRequest], config: ModelConfig, model_name: str
+) -> tuple[list[dict[str, Array]], list[bool]]:
+    """One step of a decoupled model's generator: ``split`` per request, and whether each
+    request is finished with it (its rows of the step's ``FINISHED`` flags all true)."""
+    if not isinstance(step, dict):
+        raise ModelExecutionError(
+            f'model "{model_name}": a streamed step must be a dict of output name -> array, got {type(step).__name__}',
+            model=model_name,
+        )
+    flags = step.get(FINISHED)
+    outputs = {k: v for k, v in step.items() if k != FINISHED} if flags is not None else step
+    parts = split(outputs, requests, config, model_name)
+    rows = sum(r.rows for r in requests)
+    if flags is None:
+        return parts, [False] * len(requests)
+    done = np.asarray(flags, dtype=bool).reshape(-1)
+    if done.shape[0] != rows:
+        raise ModelExecutionError(
+            f'model "{model_name}", {FINISHED}: expected {rows} flags (one per row of the batch), got {done.shape[0]}',
+            model=model_name,
+        )
+    finished, start = [], 0
+    for request in requests:
+        finished.append(bool(done[start : start + request.rows].all()))
+        start += request.rows
+    return parts, finished
+
+
 def _checked_shape(array: Array, spec: ModelOutput, model_name: str, rows: int | None) -> Array:
     """``array`` when its shape matches ``[rows] + dims`` (``dims`` when ``rows`` is
     None; -1 matches any size), or reshaped to that when it matches ``[rows] + reshape``;
@@ -280,7 +309,7 @@ def _to_array(value: Any, spec: ModelOutput, model_name: str) -> Array:
     """One returned output as a numpy array of the config's dtype, or ModelExecutionError."""
     datatype = spec.data_type
     if type(value).__module__.startswith("torch"):
-        value = _tensor_to_numpy(value)
+        value = tensor_to_numpy(value)
     if datatype.is_bytes:
         return _to_bytes_array(value, spec, model_name)
     if not isinstance(value, np.ndarray):
@@ -297,7 +326,7 @@ def _to_array(value: Any, spec: ModelOutput, model_name: str) -> Array:
     raise _dtype_error(spec, model_name, _dtype_name(value.dtype))
 
 
-def _tensor_to_numpy(tensor: Any) -> Any:
+def tensor_to_numpy(tensor: Any) -> Any:
     """A torch tensor on any device -> numpy. Recognised by its type's module, so nereid
     never imports torch for a model that does not use it."""
     host = tensor.detach().cpu()

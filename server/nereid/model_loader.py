@@ -25,6 +25,7 @@ from nereid.inference import InferRequest
 from nereid.instance import ModelInstance
 from nereid.model_faults import MODEL_FAULTS
 from nereid.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
+from nereid.process_instance import ProcessInstance
 from nereid.repository import ModelSource, VersionSource
 from nereid.serving import ServingModel
 from nereid.stats import ModelStats
@@ -62,7 +63,7 @@ class ModelLoader:
         any failure or cancellation whatever was started is closed again."""
         assert source.config is not None
         name = source.name
-        instances: list[ModelInstance] = []
+        instances: list[ModelInstance | ProcessInstance] = []
         model_class: ModelClass | None = None
         try:
             config = await resolve_instance_groups(source.config, source.path / "config.toml", self._gpus)
@@ -70,8 +71,11 @@ class ModelLoader:
             samples = await asyncio.to_thread(
                 build_samples, config, source.path, model_version=version.version
             )
-            model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
-            for index, (_, device) in enumerate(placements(config)):
+            groups = placements(config)
+            if any(group.isolation == "thread" for group, _ in groups):
+                # a process instance imports model.py in its own process, never here
+                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
+            for index, (group, device) in enumerate(groups):
                 context = ModelContext(
                     model_name=name,
                     model_version=version.version,
@@ -85,10 +89,20 @@ class ModelLoader:
                     max_batch_size=config.max_batch_size,
                     device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
                 )
-                instance = ModelInstance(model_class, context, config)
-                instances.append(instance)
-                async with self._construct_lock:
-                    await instance.start()
+                instance: ModelInstance | ProcessInstance
+                if group.isolation == "process":
+                    instance = ProcessInstance(version.model_file, context, config)
+                    instances.append(instance)
+                    await instance.start()  # its own process: no import lock needed
+                else:
+                    assert model_class is not None
+                    instance = ModelInstance(model_class, context, config)
+                    instances.append(instance)
+                    async with self._construct_lock:
+                        await instance.start()
+            if model_class is None:  # process instances only: what they learnt of the class
+                model_class = instances[0].model_class
+            assert model_class is not None
             await run_warmup(samples, instances, name)
             labels = await asyncio.to_thread(_load_labels, config, version.path, source.path)
             stats = ModelStats(name, version.version)

@@ -20,6 +20,7 @@ from nereid.config.schema import ModelConfig
 from nereid.errors import ModelNotFoundError
 from nereid.inference import InferRequest
 from nereid.instance import ModelInstance
+from nereid.process_instance import ProcessInstance
 from nereid.model_file import ModelClass
 from nereid.pending import OnAnswer, Pending
 from nereid.stats import ModelStats
@@ -42,7 +43,7 @@ class ServingModel:
     config_json: dict[str, Any]
     stats: ModelStats
     batcher: DynamicBatcher
-    instances: tuple[ModelInstance, ...]
+    instances: tuple[ModelInstance | ProcessInstance, ...]
     model_class: ModelClass
     labels: Mapping[str, list[str]] = field(default_factory=dict)
     #: set when this object stops taking traffic; ``successor`` when a reload of the

@@ -1,0 +1,417 @@
+"""ProcessInstance: a model instance that is an OS process of its own (``isolation =
+"process"``), and its supervisor.
+
+The server side of ``worker.py``. It has the surface of ``instance.ModelInstance`` (the
+batcher, warmup and loader cannot tell them apart): ``start``, ``run_batch``,
+``run_stream``, ``cost_function``, ``close``. A batch is assembled here, on one of the
+instance's threads, written into that thread's shared-memory arena, run in the process,
+and its outputs are read back and split here, so the model's outputs are checked exactly
+as for a thread instance.
+
+The supervisor: a thread per instance waits for the process to end. A process that dies
+(a signal, ``os._exit``, a crash in a C extension) or runs a batch past
+``execution_timeout_ms`` (it is killed) fails the batch it was running with an error
+naming the model, the instance and the cause; the batcher then reruns the batch-mates
+one at a time, so only the request that crashes it fails. The process is restarted with a
+backoff (0.1 s doubling to 10 s, back to 0.1 s after a batch succeeds); meanwhile
+``problem`` says why the instance cannot serve and batches wait for the restart. Nothing
+outlives the server: the process is killed when the server process dies
+(PR_SET_PDEATHSIG) and when its channels close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from nereid.batch_arrays import assemble, split, split_step
+from nereid.config.schema import ModelConfig
+from nereid.context import ModelContext
+from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
+from nereid.inference import InferRequest
+from nereid.instance import BatchOutcome, StepSink, _InstanceThreads
+from nereid.log import log_settings
+from nereid.model_file import ModelClass
+from nereid.process_channel import Arena, Channel, ChannelClosed, read_arrays, socket_pair, write_arrays
+
+__all__ = ["InstanceDiedError", "ProcessInstance"]
+
+_log = logging.getLogger("nereid")
+
+_START_TIMEOUT_S = 600.0  # importing torch and loading weights can take minutes
+_CLOSE_TIMEOUT_S = 5.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.1, 10.0
+
+
+class InstanceDiedError(ModelExecutionError):
+    """The process of an instance died (or was killed at its execution timeout) while
+    running a batch."""
+
+
+def describe_exit(returncode: int) -> str:
+    """``killed by SIGSEGV`` / ``exited with code 7``."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class _Process:
+    """One started worker process and its channels (one per slot)."""
+
+    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
+        pairs = [socket_pair() for _ in range(slots)]
+        child_fds = [pair[1].fileno() for pair in pairs]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "nereid.worker", *map(str, child_fds)],
+            pass_fds=child_fds, env=env, stdin=subprocess.DEVNULL,
+        )
+        for pair in pairs:
+            pair[1].close()
+        self.channels = [Channel(pair[0]) for pair in pairs]
+        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings()})
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+    def close_channels(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+
+class _Slot:
+    """What one instance thread uses to talk to the process: a channel and its arenas."""
+
+    __slots__ = ("channel", "inputs", "outputs", "generation")
+
+    def __init__(self, channel: Channel, generation: int) -> None:
+        self.channel = channel
+        self.inputs = Arena()
+        self.outputs: Arena | None = None
+        self.generation = generation
+
+
+class ProcessInstance:
+    """One instance in a process of its own (see the module docstring)."""
+
+    def __init__(self, model_file: Path, context: ModelContext, config: ModelConfig) -> None:
+        self.model_file = model_file
+        self.context = context
+        self.config = config
+        self.name = context.instance_name
+        batching = config.dynamic_batching
+        self.capacity = batching.max_concurrent_batches if batching is not None else 1
+        self.timeout_s = config.execution_timeout_ms / 1000 if getattr(config, "execution_timeout_ms", 0) else None
+        self.restarts = 0
+        #: why this instance cannot serve right now (None: it can).
+        self.problem: str | None = "starting"
+        self.model_class: ModelClass | None = None
+        self._threads = _InstanceThreads(self.capacity, self.name)
+        self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._process: _Process | None = None
+        self._generation = 0
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._backoff_s = _BACKOFF_FIRST_S
+        self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
+
+    @property
+    def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
+        return self._cost
+
+    # -- life --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the process and wait until its Model is built. Raises ModelLoadError with
+        the cause (an import error, an exception in __init__, a crash)."""
+        try:
+            traits = await asyncio.to_thread(self._spawn)
+        except ModelLoadError:
+            await self._threads.stop(1.0)
+            raise
+        self.model_class = ModelClass(
+            cls=object, module=types.ModuleType(f"nereid-worker-{self.name}"), path=self.model_file,
+            infer_is_async=False, infer_is_generator=traits["infer_is_generator"],
+            infer_takes_parameters=traits["infer_takes_parameters"], has_batch_size=traits["has_batch_size"],
+            has_close=traits["has_close"],
+        )
+        if traits["has_batch_size"]:
+            self._cost = self._remote_batch_size
+        threading.Thread(target=self._supervise, name=f"{self.name}-supervisor", daemon=True).start()
+
+    def _spawn(self) -> dict[str, Any]:
+        """Start a process and wait for its "ready" (runs on a thread)."""
+        process = _Process(self.model_file, self.context, self.capacity + 1)  # + one channel for batch_size
+        try:
+            message, _ = process.channels[0].recv(_START_TIMEOUT_S)
+        except (ChannelClosed, TimeoutError) as exc:
+            process.kill()
+            returncode = process.popen.wait()
+            process.close_channels()
+            cause = describe_exit(returncode) if not isinstance(exc, TimeoutError) else "timed out starting"
+            raise ModelLoadError(
+                self.context.model_name, f"{self.model_file}: instance {self.name}'s process {cause} while loading"
+            ) from None
+        if message[0] != "ready":
+            process.popen.wait()
+            process.close_channels()
+            _, type_name, text, _ = message
+            raise ModelLoadError(
+                self.context.model_name,
+                f"{self.model_file}: instance {self.name}'s process failed to load the model: {type_name}: {text}",
+            )
+        with self._lock:
+            self._generation += 1
+            self._process = process
+            while not self._slots.empty():
+                self._slots.get()
+            for channel in process.channels[1:]:
+                self._slots.put(_Slot(channel, self._generation))
+            self.problem = None
+        self._ready.set()
+        return message[1]  # type: ignore[no-any-return]
+
+    def _supervise(self) -> None:
+        """Wait for the process to end; restart it (with a backoff) unless closing."""
+        while True:
+            process = self._process
+            assert process is not None
+            returncode = process.popen.wait()
+            with self._lock:
+                if self._closing:
+                    return
+                self.problem = f"instance {self.name} restarting: its process {describe_exit(returncode)}"
+            self._mark_dead(process)
+            process.close_channels()
+            _log.error("model '%s' instance %s: process %s; restarting in %.1f s (restart %d)",
+                       self.context.model_name, self.name, describe_exit(returncode), self._backoff_s, self.restarts + 1)
+            while not self._closing:
+                time.sleep(self._backoff_s)
+                self._backoff_s = min(self._backoff_s * 2, _BACKOFF_MAX_S)
+                self.restarts += 1
+                try:
+                    self._spawn()
+                    break
+                except ModelLoadError as exc:
+                    self.problem = f"instance {self.name} restarting: {exc.message}"
+                    _log.error("model '%s' instance %s: restart failed: %s", self.context.model_name, self.name,
+                               exc.message)
+            if self._closing:
+                return
+
+    async def close(self) -> None:
+        """Ask the process to close the model and exit (killed after a grace period)."""
+        with self._lock:
+            self._closing = True
+            process = self._process
+        if process is not None:
+            await asyncio.to_thread(self._close_process, process)
+        await self._threads.stop(1.0)
+
+    def _close_process(self, process: _Process) -> None:
+        channel = process.channels[0]
+        try:
+            channel.send(("close",))
+            message, _ = channel.recv(_CLOSE_TIMEOUT_S)
+            if message[0] == "error":
+                _log.error("model '%s' instance %s: close() raised %s: %s", self.context.model_name, self.name,
+                           message[1], message[2])
+        except (ChannelClosed, TimeoutError):
+            pass
+        try:
+            process.popen.wait(_CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _log.warning("model '%s' instance %s: process still running %.0f s after close; killed",
+                         self.context.model_name, self.name, _CLOSE_TIMEOUT_S)
+            process.kill()
+            process.popen.wait()
+        process.close_channels()
+
+    # -- batches -----------------------------------------------------------------------
+
+    async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
+        """Execute one batch in the process; model errors and deaths come back in the outcome."""
+        outcome: BatchOutcome = await self._threads.call(self._run, requests)
+        return outcome
+
+    def _take_slot(self) -> _Slot:
+        while True:
+            self._ready.wait()
+            slot = self._slots.get()
+            if slot.generation == self._generation:
+                return slot
+
+    def _run(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        slot = self._take_slot()
+        t1 = time.monotonic_ns()
+        try:
+            reply = self._exchange(slot, "infer", inputs, self._parameters(requests))
+            raw = self._outputs(slot, reply)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, t1 - t0, time.monotonic_ns() - t1, 0)
+        finally:
+            self._release(slot)
+        t2 = time.monotonic_ns()
+        try:
+            outputs = split(raw, requests, self.config, self.context.model_name)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        self._backoff_s = _BACKOFF_FIRST_S
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    def _parameters(self, requests: Sequence[InferRequest]) -> tuple[Any, ...]:
+        assert self.model_class is not None
+        if not self.model_class.infer_takes_parameters:
+            return ()
+        return ([dict(request.parameters) for request in requests for _ in range(request.rows)],)
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.generation == self._generation:
+            self._slots.put(slot)
+
+    def _exchange(self, slot: _Slot, kind: str, inputs: dict[str, np.ndarray], params: Any) -> Any:
+        """Send one message with its inputs and wait for the reply (the execution timeout
+        applies); a dead or killed process raises InstanceDiedError."""
+        specs = write_arrays(slot.inputs, inputs)
+        try:
+            slot.channel.send((kind, specs, params), slot.inputs.take_fd_to_send())
+            return self._receive(slot)
+        except ChannelClosed:
+            raise self._died(None) from None
+
+    def _receive(self, slot: _Slot) -> Any:
+        try:
+            message, fds = slot.channel.recv(self.timeout_s)
+        except TimeoutError:
+            raise self._died(self.config.execution_timeout_ms) from None
+        if fds:
+            if slot.outputs is None:
+                slot.outputs = Arena(fd=fds[0])
+            else:
+                slot.outputs.adopt(fds)
+        if message[0] == "error":
+            _, type_name, text = message
+            raise ModelExecutionError(
+                f'model "{self.context.model_name}" raised in infer: {type_name}: {text}' if text
+                else f'model "{self.context.model_name}" raised in infer: {type_name}',
+                model=self.context.model_name,
+            )
+        return message
+
+    def _outputs(self, slot: _Slot, message: Any) -> Any:
+        if message[0].endswith("-raw"):
+            return message[1]
+        assert slot.outputs is not None
+        return read_arrays(slot.outputs, message[1], copy=True)
+
+    def _mark_dead(self, process: _Process) -> None:
+        """No batch goes to ``process`` any more: its slots are dropped, new batches wait
+        for the restart."""
+        with self._lock:
+            if self._process is process and self._ready.is_set():
+                self._ready.clear()
+                self._generation += 1
+                while not self._slots.empty():
+                    self._slots.get()
+
+    def _died(self, timeout_ms: int | None) -> InstanceDiedError:
+        """Kill the process (if a timeout) and wait for its end: the error of its batch."""
+        process = self._process
+        assert process is not None
+        model = self.context.model_name
+        if timeout_ms is not None:
+            process.kill()
+            process.popen.wait()
+            cause = f"ran past execution_timeout_ms ({timeout_ms} ms) and was killed"
+        else:
+            cause = describe_exit(process.popen.wait())
+        self._mark_dead(process)
+        return InstanceDiedError(
+            f'model "{model}" instance {self.name}: its process {cause} while running this batch '
+            "(the instance restarts)",
+            model=model,
+        )
+
+    def _remote_batch_size(self, inputs: dict[str, np.ndarray]) -> int:
+        """``Model.batch_size(inputs)`` in the process, on its own channel (one round
+        trip per request, on the event loop: keep it cheap)."""
+        if not self._ready.is_set():
+            raise RuntimeError(f"instance {self.name} is restarting")
+        process = self._process
+        assert process is not None
+        channel = process.channels[0]
+        arena = self._cost_arena()
+        specs = write_arrays(arena, inputs)
+        try:
+            channel.send(("batch_size", specs, ()), arena.take_fd_to_send())
+            message, _ = channel.recv(self.timeout_s)
+        except (ChannelClosed, TimeoutError):
+            raise self._died(None) from None
+        if message[0] == "error":
+            raise ValueError(f"{message[1]}: {message[2]}")
+        return message[1]  # type: ignore[no-any-return]
+
+    def _cost_arena(self) -> Arena:
+        arena = getattr(self, "_cost_inputs", None)
+        if arena is None or getattr(self, "_cost_generation", -1) != self._generation:
+            arena = self._cost_inputs = Arena()
+            self._cost_generation = self._generation
+        return arena
+
+    # -- streams -----------------------------------------------------------------------
+
+    async def run_stream(
+        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool], /
+    ) -> BatchOutcome:
+        """A decoupled model's batch: each step the process sends is split and handed to
+        ``sink`` on the loop; the generator is closed once ``abandoned()``."""
+        loop = asyncio.get_running_loop()
+
+        def deliver(parts: Any, finished: list[bool]) -> None:
+            loop.call_soon_threadsafe(sink, parts, finished)
+
+        outcome: BatchOutcome = await self._threads.call(self._stream, requests, deliver, abandoned)
+        return outcome
+
+    def _stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, 0, 0)
+        slot = self._take_slot()
+        try:
+            message = self._exchange(slot, "stream", inputs, self._parameters(requests))
+            while message[0] != "end":
+                deliver(*split_step(self._outputs(slot, message), requests, self.config, self.context.model_name))
+                slot.channel.send(("stop",) if abandoned() else ("more",))
+                message = self._receive(slot)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            self._release(slot)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
