@@ -19,15 +19,17 @@ import mmap
 import os
 import pickle
 import socket
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
 __all__ = ["Arena", "ArraySpec", "Channel", "ChannelClosed", "read_arrays", "socket_pair", "write_arrays"]
 
-#: the largest control message (headers only; tensors go through the arena).
-_MAX_MESSAGE = 1 << 20
+#: one datagram: a longer message (a long traceback, large request parameters) goes as a
+#: _LONG header and then chunks of this size (most messages are a few hundred bytes, and
+#: a receive buffer costs its size on every receive).
+_DATAGRAM = 1 << 16
+_LONG = b"\x00"  # no pickle starts with it
 _MIN_ARENA = 1 << 16
 
 
@@ -44,27 +46,47 @@ class Channel:
     """One end of a message socket: ``send(obj, fds)`` / ``recv(timeout)``. Not thread
     safe: one thread uses a channel at a time."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("sock", "_timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._timeout: float | None = sock.gettimeout()
 
     def send(self, message: Any, fds: tuple[int, ...] = ()) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        sock = self.sock
+        long = len(data) > _DATAGRAM
+        first = _LONG + len(data).to_bytes(8, "little") if long else data
         try:
             if fds:
-                self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                sock.sendmsg([first], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             else:
-                self.sock.sendall(data)
+                sock.send(first)
+            if long:
+                for start in range(0, len(data), _DATAGRAM):
+                    sock.send(data[start : start + _DATAGRAM])
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ChannelClosed(str(exc)) from None
 
     def recv(self, timeout: float | None = None) -> tuple[Any, list[int]]:
         """The next message and the descriptors that came with it. Raises TimeoutError
         after ``timeout`` seconds, ChannelClosed when the other end is gone."""
-        self.sock.settimeout(timeout)
+        sock = self.sock
+        if timeout != self._timeout:
+            sock.settimeout(timeout)
+            self._timeout = timeout
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, 4)
+            data, fds, _, _ = socket.recv_fds(sock, _DATAGRAM, 4)
+            if data[:1] == _LONG:
+                size = int.from_bytes(data[1:9], "little")
+                parts = []
+                while size > 0:
+                    part = sock.recv(_DATAGRAM)
+                    if not part:
+                        break
+                    parts.append(part)
+                    size -= len(part)
+                data = b"".join(parts)
         except TimeoutError:
             raise
         except (ConnectionResetError, OSError) as exc:
@@ -73,21 +95,33 @@ class Channel:
             raise ChannelClosed("the other end closed the channel")
         return pickle.loads(data), fds
 
+    def recv_ready(self) -> tuple[Any, list[int]]:
+        """``recv`` for a socket the event loop found readable (never waits)."""
+        data, fds, _, _ = socket.recv_fds(self.sock, _DATAGRAM, 4, socket.MSG_DONTWAIT)
+        if data[:1] == _LONG:  # the rest follows at once: read it as recv does
+            self.sock.settimeout(None)
+            self._timeout = None
+            size = int.from_bytes(data[1:9], "little")
+            parts = []
+            while size > 0:
+                part = self.sock.recv(_DATAGRAM)
+                if not part:
+                    break
+                parts.append(part)
+                size -= len(part)
+            data = b"".join(parts)
+        if not data:
+            raise ChannelClosed("the other end closed the channel")
+        return pickle.loads(data), fds
+
     def close(self) -> None:
         self.sock.close()
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    """Where one array lies in an arena: ``kind`` "n" (numeric, ``dtype`` a numpy dtype
-    string) or "b" (BYTES: ``count`` uint64 lengths, then the elements)."""
-
-    name: str
-    kind: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
+#: Where one array lies in an arena: (name, kind, dtype, shape, offset, nbytes); ``kind``
+#: "n" (numeric, ``dtype`` a numpy dtype string) or "b" (BYTES: uint64 lengths, then the
+#: elements). A plain tuple: it is pickled twice per batch.
+ArraySpec = tuple[str, str, str, tuple[int, ...], int, int]
 
 
 class Arena:
@@ -166,16 +200,15 @@ def write_arrays(arena: Arena, arrays: Mapping[str, Any]) -> list[ArraySpec]:
     offset = 0
     for name, arr, kind, size in plan:
         if kind == "n":
-            target = np.ndarray(arr.shape, arr.dtype, buffer, offset)
-            target[...] = arr
-            specs.append(ArraySpec(name, "n", arr.dtype.str, arr.shape, offset, size))
+            np.ndarray(arr.shape, arr.dtype, buffer, offset)[...] = arr
+            specs.append((name, "n", arr.dtype.str, arr.shape, offset, size))
         else:
             items = [bytes(item) for item in arr.flat]
             lengths = np.ndarray((len(items),), np.uint64, buffer, offset)
             lengths[:] = [len(item) for item in items]
             position = offset + 8 * len(items)
             buffer[position : position + size - 8 * len(items)] = b"".join(items)
-            specs.append(ArraySpec(name, "b", "object", arr.shape, offset, size))
+            specs.append((name, "b", "object", arr.shape, offset, size))
         offset += (size + 63) & ~63
     return specs
 
@@ -185,17 +218,17 @@ def read_arrays(arena: Arena, specs: list[ArraySpec], copy: bool) -> dict[str, n
     arena is written again) or copies; BYTES arrays are always new object arrays."""
     buffer = arena.buffer
     arrays: dict[str, np.ndarray] = {}
-    for spec in specs:
-        if spec.kind == "n":
-            view = np.ndarray(spec.shape, np.dtype(spec.dtype), buffer, spec.offset)
-            arrays[spec.name] = view.copy() if copy else view
+    for name, kind, dtype, shape, offset, _ in specs:
+        if kind == "n":
+            view = np.ndarray(shape, dtype, buffer, offset)
+            arrays[name] = view.copy() if copy else view
             continue
-        count = int(np.prod(spec.shape, dtype=np.int64))
-        lengths = np.ndarray((count,), np.uint64, buffer, spec.offset).tolist()
+        count = int(np.prod(shape, dtype=np.int64))
+        lengths = np.ndarray((count,), np.uint64, buffer, offset).tolist()
         out = np.empty(count, dtype=object)
-        position = spec.offset + 8 * count
+        position = offset + 8 * count
         for index, length in enumerate(lengths):
             out[index] = bytes(buffer[position : position + length])
             position += length
-        arrays[spec.name] = out.reshape(spec.shape)
+        arrays[name] = out.reshape(shape)
     return arrays

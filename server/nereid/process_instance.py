@@ -84,6 +84,8 @@ class _Process:
         for pair in pairs:
             pair[1].close()
         self.channels = [Channel(pair[0]) for pair in pairs]
+        #: the slots made from these channels (all but the first, which is for control).
+        self.slots: list[_Slot] = []
         self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings()})
 
     def kill(self) -> None:
@@ -98,13 +100,15 @@ class _Process:
 class _Slot:
     """What one instance thread uses to talk to the process: a channel and its arenas."""
 
-    __slots__ = ("channel", "inputs", "outputs", "generation")
+    __slots__ = ("channel", "inputs", "outputs", "generation", "waiting")
 
     def __init__(self, channel: Channel, generation: int) -> None:
         self.channel = channel
         self.inputs = Arena()
         self.outputs: Arena | None = None
         self.generation = generation
+        #: the loop's future for the reply being waited for (run_batch), if any.
+        self.waiting: asyncio.Future[tuple[Any, list[int]]] | None = None
 
 
 class ProcessInstance:
@@ -127,6 +131,8 @@ class ProcessInstance:
         self._process: _Process | None = None
         self._generation = 0
         self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready_on_loop: asyncio.Event | None = None  # _ready, for run_batch on the loop
         self._lock = threading.Lock()
         self._closing = False
         self._backoff_s = _BACKOFF_FIRST_S
@@ -141,6 +147,8 @@ class ProcessInstance:
     async def start(self) -> None:
         """Start the process and wait until its Model is built. Raises ModelLoadError with
         the cause (an import error, an exception in __init__, a crash)."""
+        self._loop = asyncio.get_running_loop()
+        self._ready_on_loop = asyncio.Event()
         try:
             traits = await asyncio.to_thread(self._spawn)
         except ModelLoadError:
@@ -183,10 +191,18 @@ class ProcessInstance:
             while not self._slots.empty():
                 self._slots.get()
             for channel in process.channels[1:]:
-                self._slots.put(_Slot(channel, self._generation))
+                slot = _Slot(channel, self._generation)
+                process.slots.append(slot)
+                self._slots.put(slot)
             self.problem = None
         self._ready.set()
+        self._on_loop(self._ready_on_loop.set if self._ready_on_loop is not None else None)
         return message[1]  # type: ignore[no-any-return]
+
+    def _on_loop(self, fn: Callable[[], object] | None) -> None:
+        loop = self._loop
+        if fn is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn)
 
     def _supervise(self) -> None:
         """Wait for the process to end; restart it (with a backoff) unless closing."""
@@ -199,7 +215,7 @@ class ProcessInstance:
                     return
                 self.problem = f"instance {self.name} restarting: its process {describe_exit(returncode)}"
             self._mark_dead(process)
-            process.close_channels()
+            self._on_loop(lambda: self._drop(process))
             _log.error("model '%s' instance %s: process %s; restarting in %.1f s (restart %d)",
                        self.context.model_name, self.name, describe_exit(returncode), self._backoff_s, self.restarts + 1)
             while not self._closing:
@@ -247,28 +263,25 @@ class ProcessInstance:
     # -- batches -----------------------------------------------------------------------
 
     async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
-        """Execute one batch in the process; model errors and deaths come back in the outcome."""
-        outcome: BatchOutcome = await self._threads.call(self._run, requests)
-        return outcome
+        """Execute one batch in the process; model errors and deaths come back in the outcome.
 
-    def _take_slot(self) -> _Slot:
-        while True:
-            self._ready.wait()
-            slot = self._slots.get()
-            if slot.generation == self._generation:
-                return slot
-
-    def _run(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        Driven from the event loop, with no thread in between: the batch is written into
+        the slot's arena and sent, and the loop wakes when the reply arrives (a thread
+        hop each way cost more than the process's own work on small batches)."""
         t0 = time.monotonic_ns()
         try:
             inputs = assemble(requests, self.config)
         except NereidError as exc:
             return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
-        slot = self._take_slot()
+        slot = await self._take_slot_on_loop()
         t1 = time.monotonic_ns()
         try:
-            reply = self._exchange(slot, "infer", inputs, self._parameters(requests))
+            specs = write_arrays(slot.inputs, inputs)
+            slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
+            reply = self._reply(slot, await self._reply_on_loop(slot))
             raw = self._outputs(slot, reply)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), t1 - t0, time.monotonic_ns() - t1, 0)
         except NereidError as exc:
             return BatchOutcome(None, exc, t1 - t0, time.monotonic_ns() - t1, 0)
         finally:
@@ -280,6 +293,55 @@ class ProcessInstance:
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         self._backoff_s = _BACKOFF_FIRST_S
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    async def _take_slot_on_loop(self) -> _Slot:
+        assert self._ready_on_loop is not None
+        while True:
+            await self._ready_on_loop.wait()
+            try:
+                slot = self._slots.get_nowait()
+            except queue.Empty:  # between a restart's slots and its ready: look again shortly
+                await asyncio.sleep(0.001)
+                continue
+            if slot.generation == self._generation:
+                return slot
+
+    async def _reply_on_loop(self, slot: _Slot) -> tuple[Any, list[int]]:
+        """The slot's next message, awaited on the loop (the execution timeout applies)."""
+        loop = asyncio.get_running_loop()
+        fd = slot.channel.sock.fileno()
+        waiting: asyncio.Future[tuple[Any, list[int]]] = loop.create_future()
+        slot.waiting = waiting
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            if not waiting.done():
+                try:
+                    waiting.set_result(slot.channel.recv_ready())
+                except BlockingIOError:  # spurious: wait on
+                    loop.add_reader(fd, readable)
+                except (ChannelClosed, OSError) as exc:
+                    waiting.set_exception(ChannelClosed(str(exc)))
+
+        loop.add_reader(fd, readable)
+        try:
+            if self.timeout_s is None:
+                return await waiting
+            try:
+                received: tuple[Any, list[int]] = await asyncio.wait_for(waiting, self.timeout_s)
+                return received
+            except TimeoutError:
+                raise self._died(self.config.execution_timeout_ms) from None
+        finally:
+            loop.remove_reader(fd)
+            slot.waiting = None
+
+    def _take_slot(self) -> _Slot:
+        while True:
+            self._ready.wait()
+            slot = self._slots.get()
+            if slot.generation == self._generation:
+                return slot
 
     def _parameters(self, requests: Sequence[InferRequest]) -> tuple[Any, ...]:
         assert self.model_class is not None
@@ -303,9 +365,14 @@ class ProcessInstance:
 
     def _receive(self, slot: _Slot) -> Any:
         try:
-            message, fds = slot.channel.recv(self.timeout_s)
+            received = slot.channel.recv(self.timeout_s)
         except TimeoutError:
             raise self._died(self.config.execution_timeout_ms) from None
+        return self._reply(slot, received)
+
+    def _reply(self, slot: _Slot, received: tuple[Any, list[int]]) -> Any:
+        """A reply's message, its outputs' arena adopted; a model error raised."""
+        message, fds = received
         if fds:
             if slot.outputs is None:
                 slot.outputs = Arena(fd=fds[0])
@@ -332,9 +399,20 @@ class ProcessInstance:
         with self._lock:
             if self._process is process and self._ready.is_set():
                 self._ready.clear()
+                self._on_loop(self._ready_on_loop.clear if self._ready_on_loop is not None else None)
                 self._generation += 1
                 while not self._slots.empty():
                     self._slots.get()
+
+    def _drop(self, process: _Process) -> None:
+        """On the loop: stop watching a dead process's channels, then close them."""
+        assert self._loop is not None
+        for channel in process.channels:
+            self._loop.remove_reader(channel.sock.fileno())
+        for slot in process.slots:
+            if slot.waiting is not None and not slot.waiting.done():
+                slot.waiting.set_exception(ChannelClosed("the instance's process ended"))
+        process.close_channels()
 
     def _died(self, timeout_ms: int | None) -> InstanceDiedError:
         """Kill the process (if a timeout) and wait for its end: the error of its batch."""

@@ -56,6 +56,8 @@ def worker_outputs(raw: Any) -> Any:
     checks outputs against the config and words the error)."""
     if not isinstance(raw, dict):
         return raw
+    if all(type(value) is np.ndarray for value in raw.values()):
+        return raw  # the common case: nothing to convert
     converted: dict[Any, Any] = {}
     for name, value in raw.items():
         if type(value).__module__.startswith("torch"):
