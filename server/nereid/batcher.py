@@ -11,18 +11,22 @@ makes one for a model's InferRequests); knows nothing about HTTP or JSON.
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Callable, Protocol, Sequence
 
 import numpy as np
 
 from nereid.config.schema import DynamicBatching
-from nereid.errors import ModelExecutionError, NereidError, RequestTimeoutError, UnavailableError
+from nereid.errors import InternalError, ModelExecutionError, NereidError, RequestTimeoutError, UnavailableError
 from nereid.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock, wake
 from nereid.pending import Answer, CallbackAnswer, InOrder, OnAnswer, Pending, Stream
 from nereid.request_queue import RequestQueue
 from nereid.stats import ModelStats
 
 __all__ = ["DynamicBatcher", "Instance", "Outcome"]
+
+_log = logging.getLogger("nereid")
 
 
 class Outcome(Protocol):
@@ -51,6 +55,17 @@ class Instance(Protocol):
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
 
     async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """The Outcome of a batch whose instance raised instead of reporting one."""
+
+    error: NereidError
+    outputs: None = None
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
 
 
 class DynamicBatcher:
@@ -284,7 +299,11 @@ class DynamicBatcher:
             return
         started = self._clock()
         payloads = [pending.request for pending in batch]
-        outcome = await instance.run_batch(payloads)
+        outcome: Outcome
+        try:
+            outcome = await instance.run_batch(payloads)
+        except BaseException as exc:  # the instance's to report, never to end this worker with
+            outcome = self._contained(instance, exc)
         if outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError):
             # Find the culprit: rerun one request at a time so only it fails.
             for pending in batch:
@@ -341,7 +360,10 @@ class DynamicBatcher:
 
         # Steps from a sync generator reach ``sink`` through call_soon_threadsafe, in order and
         # before the executor's completion callback, so every step is delivered by now.
-        outcome = await instance.run_stream(payloads, sink, abandoned)  # type: ignore[attr-defined]
+        try:
+            outcome = await instance.run_stream(payloads, sink, abandoned)  # type: ignore[attr-defined]
+        except BaseException as exc:  # the instance's to report, never to end this worker with
+            outcome = self._contained(instance, exc)
         end = self._clock()
         if outcome.error is None:
             rows = sum(self._rows_of(p) for p in payloads)
@@ -356,6 +378,20 @@ class DynamicBatcher:
                                      outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
             else:
                 stats.record_failure(end - pending.received_ns, "BACKEND" if outcome.error is not None else "CANCELED")
+
+    def _contained(self, instance: Instance, exc: BaseException) -> _Failed:
+        """The outcome of a batch whose instance raised ``exc`` (it reports model errors in
+        its outcome; this is a bug, or a SystemExit & co that got through): logged, and
+        failing that batch only. The loop cancelling this worker goes on up."""
+        if isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is None or task.cancelling() > 0:
+                raise exc
+        _log.error("internal error in model '%s' (instance %s)", self.model_name, instance.name, exc_info=exc)
+        text = str(exc)
+        return _Failed(InternalError(
+            f"internal error in model '{self.model_name}': {type(exc).__name__}" + (f": {text}" if text else "")
+        ))
 
     def _expire_timeouts(self) -> None:
         for item in self._queue.expire(self._clock()):

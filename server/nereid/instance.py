@@ -3,6 +3,12 @@
 Owns running user code off the event loop: construction, batches (assemble -> infer ->
 split, all on the instance's threads for a synchronous ``infer``) and ``close()``.
 Knows nothing about queues, scheduling or HTTP.
+
+Whatever model code raises fails only the call it was in: an Exception, and as much any
+other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError of
+the model's own). None of them ends an instance thread, a batcher's worker or the event
+loop. Only the loop cancelling the task that runs the model (``_cancelled``: shutdown, a
+drain timeout) goes on up as a cancellation.
 """
 
 from __future__ import annotations
@@ -124,7 +130,45 @@ def _resolve(future: asyncio.Future[Any], result: Any) -> None:
 
 def _reject(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
+        if isinstance(exc, StopIteration):  # a Future refuses it (TypeError): it would never be done
+            error = RuntimeError(f"model code raised {describe_exception(exc)}")
+            error.__cause__ = exc
+            exc = error
         future.set_exception(exc)
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc``, caught on the loop, is the loop cancelling the running task
+    (shutdown, a drain timeout): that must go on up. A CancelledError raised by model code
+    itself, while nobody cancels the task, is the model's failure like any exception."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+class _ModelBaseException(Exception):
+    """A BaseException that is not an Exception (SystemExit, KeyboardInterrupt,
+    GeneratorExit, a CancelledError of the model's own), raised by model code where the
+    caller handles Exceptions only: carried as an Exception, so that it fails that call
+    alone. ``_as_exception`` makes one of a class named like the original, so that a
+    message built of type name and text reads as the original's."""
+
+
+#: The _ModelBaseException class made for each BaseException class met (a few at most).
+_CARRIERS: dict[type[BaseException], type[_ModelBaseException]] = {}
+
+
+def _as_exception(exc: BaseException) -> _ModelBaseException:
+    """A _ModelBaseException carrying ``exc`` (its arguments, traceback and, as cause, itself)."""
+    cls = type(exc)
+    carrier = _CARRIERS.get(cls)
+    if carrier is None:
+        namespace = {"__qualname__": cls.__qualname__, "__module__": cls.__module__}
+        carrier = _CARRIERS[cls] = type(cls.__name__, (_ModelBaseException,), namespace)
+    carried = carrier(*exc.args).with_traceback(exc.__traceback__)
+    carried.__cause__ = exc
+    return carried
 
 
 class ModelInstance:
@@ -161,7 +205,9 @@ class ModelInstance:
         """Construct the user's Model on this instance's thread. Raises ModelLoadError."""
         try:
             self._model = await self._threads.call(self._construct)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from __init__ too: a failed load, not an exit
+            if _cancelled(exc):
+                raise
             self._fault("__init__", exc)
             await self._threads.stop(_STOP_TIMEOUT_S)
             raise ModelLoadError(
@@ -181,6 +227,9 @@ class ModelInstance:
         except Exception as exc:
             self._fault("batch_size", exc)
             raise
+        except BaseException as exc:  # SystemExit & co: called on the loop by code that handles Exceptions
+            self._fault("batch_size", exc)
+            raise _as_exception(exc)
 
     def _fault(self, stage: str, exc: BaseException) -> None:
         self.faults.record(self.context.model_name, self.context.model_version, stage, exc)
@@ -214,7 +263,7 @@ class ModelInstance:
         assert self._infer is not None
         try:
             raw = self._infer(inputs, *self._parameters(requests))
-        except Exception as exc:
+        except BaseException as exc:  # on the instance thread: all of it is the model's
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
         return self._split(raw, requests, t0, t1, time.monotonic_ns())
 
@@ -227,7 +276,9 @@ class ModelInstance:
         assert self._infer is not None
         try:
             raw = await self._infer(inputs, *self._parameters(requests))
-        except Exception as exc:
+        except BaseException as exc:
+            if _cancelled(exc):
+                raise
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
         return self._split(raw, requests, t0, t1, time.monotonic_ns())
 
@@ -252,7 +303,7 @@ class ModelInstance:
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-        except Exception as exc:
+        except BaseException as exc:  # model objects' own code (no await here: never a cancellation)
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
@@ -287,7 +338,7 @@ class ModelInstance:
                         break
             finally:
                 steps.close()
-        except Exception as exc:
+        except BaseException as exc:  # on the instance thread: all of it is the model's
             return self._stream_outcome(t0, exc)
         return self._stream_outcome(t0, None)
 
@@ -304,7 +355,9 @@ class ModelInstance:
                         break
             finally:
                 await steps.aclose()
-        except Exception as exc:
+        except BaseException as exc:
+            if _cancelled(exc):
+                raise
             return self._stream_outcome(t0, exc)
         return self._stream_outcome(t0, None)
 
@@ -318,7 +371,7 @@ class ModelInstance:
             raise TypeError(f"{must_be}, got {type(steps).__name__}")
         return steps
 
-    def _stream_outcome(self, t0: int, exc: Exception | None) -> BatchOutcome:
+    def _stream_outcome(self, t0: int, exc: BaseException | None) -> BatchOutcome:
         """How a stream that began at ``t0`` ended: done, or failed with ``exc`` (a
         NereidError as it is, anything else as the model's execution error)."""
         error: NereidError | None = None
@@ -369,7 +422,9 @@ class ModelInstance:
         if model is not None and self.model_class.has_close:
             try:
                 await self._threads.call(model.close)
-            except Exception as exc:  # a failing close() must not stop the unload
+            except BaseException as exc:  # a failing close() must not stop the unload
+                if _cancelled(exc):
+                    raise
                 self._fault("close", exc)
         self._model = None
         self._infer = None

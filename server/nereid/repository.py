@@ -25,6 +25,8 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.toml"
+#: The longest folder name the filesystem takes, in bytes (NAME_MAX on Linux and macOS).
+_NAME_MAX = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +77,17 @@ def check_model_name(name: str) -> None:
     """Refuse a model name that is not a plain folder name of the repository.
 
     A model name is the name of a direct subfolder: no path separator, no NUL, not empty,
-    and not starting with ``.`` (which also rules out ``.`` and ``..``) or ``_`` (such
-    folders are ignored). Checked before any path is built from the name, so a request
-    can never reach outside the repository. Raises InvalidInputError naming the model.
+    not longer than a folder name can be (NAME_MAX bytes), and not starting with ``.``
+    (which also rules out ``.`` and ``..``) or ``_`` (such folders are ignored). Checked
+    before any path is built from the name, so a request can never reach outside the
+    repository, nor make the filesystem fail. Raises InvalidInputError naming the model.
     """
     problem = None
+    size = len(name.encode("utf-8", "surrogatepass"))
     if not name:
         problem = "it is empty"
+    elif size > _NAME_MAX:
+        problem = f"it is {size} bytes long, and a folder name has at most {_NAME_MAX}"
     elif "/" in name or "\\" in name or (os.altsep and os.altsep in name):
         problem = "it contains a path separator"
     elif "\x00" in name:
@@ -104,8 +110,11 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
     Raises InvalidInputError for a name that is not a folder name (check_model_name)."""
     check_model_name(name)
     folder = root / name
-    if not folder.is_dir():
-        return ModelSource(name, folder, None, f"{folder}: model folder not found")
+    try:
+        if not folder.is_dir():
+            return ModelSource(name, folder, None, f"{folder}: model folder not found")
+    except OSError as exc:  # not "no such folder" (is_dir says False for that): unreadable
+        return ModelSource(name, folder, None, _unreadable(folder, exc))
     if config is None:
         try:
             config = load_model_config(folder / CONFIG_FILE, name)
@@ -116,7 +125,7 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
     try:
         available = _version_folders(folder)
     except OSError as exc:  # the folder went away (or lost permissions) mid-read
-        return ModelSource(name, folder, None, f"{folder}: cannot read the model folder: {exc.strerror or exc}")
+        return ModelSource(name, folder, None, _unreadable(folder, exc))
     if available:
         selected, missing = select_versions(sorted(available), config.version_policy)
         versions = tuple(
@@ -139,6 +148,11 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
             missing_versions=tuple(missing),
         )
     return ModelSource(name, folder, config, None, versions, tuple(missing))
+
+
+def _unreadable(folder: Path, exc: OSError) -> str:
+    """Why a model folder cannot be read: the folder and the OS error."""
+    return f"{folder}: cannot read the model folder: {exc.strerror or exc}"
 
 
 def select_versions(available: list[int], policy: VersionPolicy) -> tuple[list[int], list[int]]:

@@ -1,27 +1,29 @@
 """create_app: the Starlette application serving Triton's HTTP protocol.
 
-Owns routing (Triton's exact rules: full case-sensitive match, 404/405 JSON bodies) and
-the lifespan that starts and stops the models. The infer route is a raw ASGI fast path
-in front of Starlette's router; every other route is a plain Starlette route.
+Owns routing (Triton's exact rules: full case-sensitive match, 404/405 JSON bodies), the
+lifespan that starts and stops the models, and the last word on errors: an exception that
+escapes any handler is logged with its traceback and answered in Triton's JSON shape
+(``internal_error_json``), never with a text page. The infer route is a raw ASGI fast
+path in front of Starlette's router; every other route is a plain Starlette route.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from nereid.http._asgi import send_json
-from nereid.http._asgi import Receive, Scope, Send
+from nereid.http._asgi import Message, Receive, Scope, Send, send_json
 from nereid.http.endpoints import Endpoints
-from nereid.http.errors import error_json
+from nereid.http.errors import error_json, internal_error_json
 from nereid.http.generate import GenerateHandler
 from nereid.http.operations import Operations
 from nereid.model_manager import ModelManager
@@ -29,6 +31,11 @@ from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 
 __all__ = ["create_app", "NereidApp"]
+
+_log = logging.getLogger("nereid")
+
+#: The scope key that holds the exception _internal_error logged already.
+_LOGGED = "nereid.logged_error"
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
@@ -47,22 +54,46 @@ class NereidApp:
         return None if match is None else (match.group(1), match.group(2))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            method = scope["method"]
-            path: str = scope["path"]
-            if method == "POST" and path.endswith("/infer"):
-                route = self.match_infer(path)
-                if route is not None:
-                    await self.endpoints.infer(scope, receive, send, *route)
-                    return
-            elif method == "HEAD" or method == "OPTIONS":
-                # Triton answers only GET/POST (Starlette would serve HEAD for GET routes):
-                # 405 on a known route, and like any other method 404 on an unknown path.
-                if any(route.matches(scope)[0] is not Match.NONE for route in self.starlette.router.routes):
-                    await send_json(send, 405, error_json("Method Not Allowed"))
-                else:
-                    await send_json(send, 404, error_json("Not Found"))
+        if scope["type"] != "http":
+            await self.starlette(scope, receive, send)  # lifespan
+            return
+        started = False  # whether the response began, for an exception that escapes
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._route(scope, receive, tracked_send)
+        except ClientDisconnect:  # left before its request body was read: nobody to answer
+            return
+        except Exception as exc:  # a bug: it costs this request, in Triton's JSON shape
+            if scope.pop(_LOGGED, None) is not exc:
+                _log_internal_error(scope, exc)
+            if not started:
+                await send_json(send, 500, internal_error_json(_what(scope), exc))
+            # Else it was answered by _internal_error (Starlette's handler, which then
+            # re-raises), or it was cut short and cannot be answered any more: returning
+            # unfinished makes the server close the connection.
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        path: str = scope["path"]
+        if method == "POST" and path.endswith("/infer"):
+            route = self.match_infer(path)
+            if route is not None:
+                await self.endpoints.infer(scope, receive, send, *route)
                 return
+        elif method == "HEAD" or method == "OPTIONS":
+            # Triton answers only GET/POST (Starlette would serve HEAD for GET routes):
+            # 405 on a known route, and like any other method 404 on an unknown path.
+            if any(route.matches(scope)[0] is not Match.NONE for route in self.starlette.router.routes):
+                await send_json(send, 405, error_json("Method Not Allowed"))
+            else:
+                await send_json(send, 404, error_json("Not Found"))
+            return
         await self.starlette(scope, receive, send)
 
 
@@ -148,7 +179,7 @@ def create_app(
     starlette = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_exception},
+        exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
     )
     starlette.router.redirect_slashes = False
     return NereidApp(starlette, endpoints)
@@ -166,3 +197,22 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return Response(error_json(message), status_code=exc.status_code, media_type="application/json")
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette's last-resort handler: it sends this (when no response has started)
+    # instead of its text/plain page, then re-raises to NereidApp. Logged here, before
+    # the client has its answer; NereidApp does not log it again.
+    if isinstance(exc, ClientDisconnect):  # no bug, and nobody to answer
+        return Response(b"", status_code=400)
+    _log_internal_error(request.scope, exc)
+    body = internal_error_json(_what(request.scope), exc)
+    return Response(body, status_code=500, media_type="application/json")
+
+
+def _log_internal_error(scope: Scope, exc: Exception) -> None:
+    scope[_LOGGED] = exc
+    _log.error("internal error in %s", _what(scope), exc_info=exc)
+
+
+def _what(scope: Scope) -> str:
+    """What failed, for an internal error's message: the request's method and path."""
+    return f"{scope.get('method', '')} {scope.get('path', '')}".strip()

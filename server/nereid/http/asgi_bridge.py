@@ -15,11 +15,13 @@ from typing import Any, Callable, MutableMapping, Protocol
 
 import httptools
 
+from nereid.http.errors import error_json, internal_error_message
+
 __all__ = ["AsgiExchange", "Lifespan", "Responder", "http_scope"]
 
 _log = logging.getLogger("nereid")
 
-_SERVER_ERROR = (500, [(b"content-type", b"application/json")], b'{"error":"Internal Server Error"}')
+_JSON = (b"content-type", b"application/json")
 
 
 class Responder(Protocol):
@@ -101,19 +103,22 @@ class AsgiExchange:
 
     async def run(self, body: bytes) -> None:
         """Run the app on this request (``body``: the whole request body)."""
+        what = f"{self._scope['method']} {self._scope['path']}"
         try:
             await self._app(self._scope, lambda: self._receive(body), self._send)
-        except Exception:
-            _log.exception("HTTP %s %s failed", self._scope["method"], self._scope["path"])
+        except Exception as exc:  # NereidApp answers its own; another app's bug: a JSON 500
+            _log.error("internal error in %s", what, exc_info=exc)
             if not self._started:
-                self._connection.reply(*_SERVER_ERROR)
+                self._connection.reply(500, [_JSON], error_json(internal_error_message(what, exc)))
             elif not self._complete:
                 self._connection.close()
             return
         if not self._started:
-            self._connection.reply(*_SERVER_ERROR)
+            message = f"internal error in {what}: the app returned without a response"
+            _log.error("%s", message)
+            self._connection.reply(500, [_JSON], error_json(message))
         elif not self._complete:
-            _log.error("HTTP %s: the app returned before finishing its response", self._scope["path"])
+            _log.error("HTTP %s: the app returned before finishing its response", what)
             self._connection.close()
 
     async def _receive(self, body: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from nereid.config import config_from_triton_json
 from nereid.errors import (
     InvalidInputError,
     MalformedRequestError,
+    ModelLoadError,
     ModelNotFoundError,
     NereidError,
     UnavailableError,
@@ -231,6 +232,10 @@ class Endpoints:
             await self.manager.load(name, config)
         except NereidError as exc:  # ModelLoadError reads "failed to load 'm', <reason>" (500)
             return error_response(exc)
+        except OSError as exc:  # the filesystem failed reading the model folder: its words
+            model = request.path_params["name"]
+            _log.error("failed to load '%s': %s", model, exc)
+            return error_response(ModelLoadError(model, f"failed to load '{model}', {exc}"))
         return empty_response(200)
 
     async def repository_unload(self, request: Request) -> Response:

@@ -21,7 +21,7 @@ from nereid.errors import (
     UnsupportedError,
 )
 
-__all__ = ["status_for", "error_json"]
+__all__ = ["status_for", "error_json", "internal_error_json", "internal_error_message"]
 
 # Triton's HttpCodeFromError: INVALID_ARG/UNKNOWN/ALREADY_EXISTS/CANCELLED 400,
 # NOT_FOUND 404, UNSUPPORTED 501, UNAVAILABLE 503, INTERNAL 500. JSON parse errors
@@ -51,3 +51,15 @@ def status_for(error: NereidError) -> int:
 def error_json(message: str) -> bytes:
     """Triton's compact error body ``{"error":"<message>"}``."""
     return orjson.dumps({"error": message})
+
+
+def internal_error_message(what: str, exc: BaseException) -> str:
+    """The message of an unexpected exception (a bug) met while serving ``what``:
+    ``internal error in <what>: <ExceptionType>: <message>``."""
+    text = str(exc)
+    return f"internal error in {what}: {type(exc).__name__}" + (f": {text}" if text else "")
+
+
+def internal_error_json(what: str, exc: BaseException) -> bytes:
+    """``internal_error_message`` as Triton's error body (answered with status 500)."""
+    return error_json(internal_error_message(what, exc))
