@@ -18,7 +18,14 @@ from typing import Any, AsyncGenerator, Callable, Protocol, Sequence
 import numpy as np
 
 from nereid.config.schema import DynamicBatching
-from nereid.errors import InternalError, ModelExecutionError, NereidError, RequestTimeoutError, UnavailableError
+from nereid.errors import (
+    ExecutionTimeoutError,
+    InternalError,
+    ModelExecutionError,
+    NereidError,
+    RequestTimeoutError,
+    UnavailableError,
+)
 from nereid.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock, wake
 from nereid.pending import Answer, CallbackAnswer, InOrder, OnAnswer, Pending, Stream
 from nereid.request_queue import RequestQueue
@@ -89,12 +96,15 @@ class DynamicBatcher:
         signature_of: Callable[[Any], Any] = lambda payload: None,
         rows_of: Callable[[Any], int] = lambda payload: 1,
         streaming: bool = False,
+        execution_timeout_ms: int = 0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """A batcher over generic payloads: ``cost_of`` counts a payload against
         ``max_batch_size``, payloads batch together only with equal ``signature_of``, and
         ``rows_of`` is what statistics count (model_loader.batcher_for: InferRequests).
-        ``clock`` is where time comes from (tests pass one they move by hand)."""
+        ``execution_timeout_ms`` (0: none) bounds a batch on an instance that does not
+        enforce it itself. ``clock`` is where time comes from (tests pass one they move
+        by hand)."""
         self.model_name = model_name
         self.instances = tuple(instances)
         self.stats = stats
@@ -109,6 +119,7 @@ class DynamicBatcher:
         self._queue: RequestQueue[Pending] = RequestQueue(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
         #: decoupled models stream: their batches run through ``run_stream``.
         self.streaming = streaming
+        self._timeout_s = execution_timeout_ms / 1000 if execution_timeout_ms > 0 else None
         self._form_lock = asyncio.Lock()
         self._arrival: asyncio.Future[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -299,9 +310,14 @@ class DynamicBatcher:
             return
         started = self._clock()
         payloads = [pending.request for pending in batch]
-        outcome: Outcome
+        outcome: Outcome | None
         try:
-            outcome = await instance.run_batch(payloads)
+            if self._timeout_s is None or getattr(instance, "enforces_timeout", False):
+                outcome = await instance.run_batch(payloads)
+            else:
+                outcome = await self._run_timed(instance, batch, self._timeout_s)
+                if outcome is None:
+                    return  # timed out: its requests are answered already
         except BaseException as exc:  # the instance's to report, never to end this worker with
             outcome = self._contained(instance, exc)
         if outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError):
@@ -378,6 +394,34 @@ class DynamicBatcher:
                                      outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
             else:
                 stats.record_failure(end - pending.received_ns, "BACKEND" if outcome.error is not None else "CANCELED")
+
+    async def _run_timed(self, instance: Instance, batch: tuple[Pending, ...], timeout_s: float) -> Outcome | None:
+        """``run_batch`` under the execution timeout. Past it the batch's requests fail at
+        once, and the instance (a thread stuck in model code: nothing can stop it) stays
+        out of rotation, this worker waiting, until the batch returns; its ``problem``
+        says so meanwhile. None when it timed out."""
+        run = asyncio.ensure_future(instance.run_batch([pending.request for pending in batch]))
+        done, _ = await asyncio.wait((run,), timeout=timeout_s)
+        if done:
+            return run.result()
+        ms = round(timeout_s * 1000)
+        error = ExecutionTimeoutError(
+            f'model "{self.model_name}" instance {instance.name}: the batch ran past execution_timeout_ms '
+            f"({ms} ms); the instance is out of rotation until it returns",
+            model=self.model_name,
+        )
+        _log.error("%s", error.message)
+        for pending in batch:
+            self._fail(pending, error, "BACKEND")
+        setattr(instance, "problem", f"instance {instance.name} is stuck in a batch past execution_timeout_ms ({ms} ms)")
+        try:
+            await asyncio.wait((run,))
+        finally:
+            setattr(instance, "problem", None)
+        if not run.cancelled() and run.exception() is None:
+            _log.warning("model '%s' instance %s: the batch that ran past its execution timeout returned; "
+                         "the instance is back in rotation", self.model_name, instance.name)
+        return None
 
     def _contained(self, instance: Instance, exc: BaseException) -> _Failed:
         """The outcome of a batch whose instance raised ``exc`` (it reports model errors in

@@ -19,6 +19,7 @@ __all__ = [
     "RequestTimeoutError",
     "UnsupportedError",
     "ModelExecutionError",
+    "ExecutionTimeoutError",
     "RequestCancelledError",
     "InternalError",
 ]
@@ -126,6 +127,15 @@ class UnsupportedError(NereidError):
 
 class ModelExecutionError(NereidError):
     """The model's ``infer`` raised, or returned outputs that do not fit the batch."""
+
+    def __init__(self, message: str, *, model: str | None = None) -> None:
+        self.model = model
+        super().__init__(message)
+
+
+class ExecutionTimeoutError(NereidError):
+    """A batch ran past the model's ``execution_timeout_ms``: its requests fail (500),
+    never retried (each would wait out the limit again)."""
 
     def __init__(self, message: str, *, model: str | None = None) -> None:
         self.model = model

@@ -181,6 +181,9 @@ class ModelInstance:
     ) -> None:
         self.model_class = model_class
         self.faults = faults
+        #: why this instance cannot serve right now (None: it can); set by the batcher
+        #: while a batch is stuck past the execution timeout.
+        self.problem: str | None = None
         self.context = context
         self.config = config
         self.name = context.instance_name

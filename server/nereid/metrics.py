@@ -63,12 +63,13 @@ class ModelReading:
     stats: ModelStats
     pending: int = 0
     executing: int = 0
+    restarts: int = 0
 
 
 def read_models(manager: ModelManager) -> list[ModelReading]:
     """A ModelReading per READY model version."""
     return [
-        ModelReading(s.stats, s.queue_depth, s.executing) for s in manager.serving_models()
+        ModelReading(s.stats, s.queue_depth, s.executing, s.restarts) for s in manager.serving_models()
     ]
 
 
@@ -130,6 +131,11 @@ class ModelStatsCollector(Collector):
             for labels, r in labelled:
                 metric.add_metric([labels["model"], labels["version"]], *values_of(r))
             yield metric
+        yield _counter(
+            "nereid_instance_restarts",
+            "Restarts of a model version's process instances (a crash, an exit, an execution timeout).",
+            ((labels, r.restarts) for labels, r in labelled),
+        )
 
 
 def _batch_sizes(reading: ModelReading) -> tuple[list[tuple[str, float]], int]:

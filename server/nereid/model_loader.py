@@ -167,6 +167,7 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         signature_of=signature_function(config),
         rows_of=rows_of,
         streaming=config.decoupled,
+        execution_timeout_ms=config.execution_timeout_ms,
     )
 
 

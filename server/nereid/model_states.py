@@ -95,17 +95,30 @@ class ModelRecord:
         if not self.statuses and self.reason:
             return False
         return all(
-            status.state == READY or (status.state == UNAVAILABLE and status.reason == UNLOADED)
-            for status in self.statuses.values()
+            (state == READY) or (state == UNAVAILABLE and reason == UNLOADED)
+            for state, reason in (self.state_of(version) for version in self.statuses)
         )
+
+    def state_of(self, version: int) -> tuple[str, str]:
+        """A version's state and reason as readiness and the index tell them: a READY
+        version none of whose instances can serve now (a process restarting, a batch
+        stuck past its timeout) reads UNAVAILABLE with why, until one is back."""
+        status = self.statuses[version]
+        if status.state == READY:
+            serving = self.serving.get(version)
+            problem = serving.problem if serving is not None else None
+            if problem is not None:
+                return UNAVAILABLE, problem
+        return status.state, status.reason
 
     def rows(self, ready_only: bool) -> list[IndexEntry]:
         """The model's index rows: one per version; or one version-less row."""
         if self.statuses:
+            states = [(version, *self.state_of(version)) for version in sorted(self.statuses)]
             return [
-                IndexEntry(self.name, version, status.state, status.reason)
-                for version, status in sorted(self.statuses.items())
-                if not ready_only or status.state == READY
+                IndexEntry(self.name, version, state, reason)
+                for version, state, reason in states
+                if not ready_only or state == READY
             ]
         if ready_only:
             return []

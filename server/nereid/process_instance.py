@@ -39,7 +39,7 @@ import numpy as np
 from nereid.batch_arrays import assemble, split, split_step
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
-from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
+from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instance import BatchOutcome, StepSink, _InstanceThreads
 from nereid.log import log_settings
@@ -123,6 +123,8 @@ class ProcessInstance:
         self.capacity = batching.max_concurrent_batches if batching is not None else 1
         self.timeout_s = config.execution_timeout_ms / 1000 if getattr(config, "execution_timeout_ms", 0) else None
         self.restarts = 0
+        #: the batcher leaves the execution timeout to this instance (it kills its process).
+        self.enforces_timeout = True
         #: why this instance cannot serve right now (None: it can).
         self.problem: str | None = "starting"
         self.model_class: ModelClass | None = None
@@ -414,8 +416,9 @@ class ProcessInstance:
                 slot.waiting.set_exception(ChannelClosed("the instance's process ended"))
         process.close_channels()
 
-    def _died(self, timeout_ms: int | None) -> InstanceDiedError:
-        """Kill the process (if a timeout) and wait for its end: the error of its batch."""
+    def _died(self, timeout_ms: int | None) -> InstanceDiedError | ExecutionTimeoutError:
+        """Kill the process (at its execution timeout) and wait for its end: the error of
+        its batch (a timeout is not retried request by request: each would wait again)."""
         process = self._process
         assert process is not None
         model = self.context.model_name
@@ -426,6 +429,12 @@ class ProcessInstance:
         else:
             cause = describe_exit(process.popen.wait())
         self._mark_dead(process)
+        if timeout_ms is not None:
+            return ExecutionTimeoutError(
+                f'model "{model}" instance {self.name}: the batch ran past execution_timeout_ms ({timeout_ms} ms); '
+                "its process was killed and restarts",
+                model=model,
+            )
         return InstanceDiedError(
             f'model "{model}" instance {self.name}: its process {cause} while running this batch '
             "(the instance restarts)",

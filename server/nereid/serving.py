@@ -51,6 +51,25 @@ class ServingModel:
     retired: bool = field(default=False, init=False, repr=False)
     successor: ServingModel | None = field(default=None, init=False, repr=False)
 
+    @property
+    def problem(self) -> str | None:
+        """Why this version cannot serve now, when none of its instances can (a process
+        restarting, an instance stuck past its execution timeout); None when one can.
+        Requests still queue meanwhile, and run once an instance is back."""
+        problems = [instance.problem for instance in self.instances]
+        if not problems or any(problem is None for problem in problems):
+            return None
+        return "no instance can serve: " + "; ".join(p for p in problems if p is not None)
+
+    @property
+    def has_process_instances(self) -> bool:
+        return any(isinstance(instance, ProcessInstance) for instance in self.instances)
+
+    @property
+    def restarts(self) -> int:
+        """Restarts of this version's process instances (0 for thread instances)."""
+        return sum(instance.restarts for instance in self.instances if isinstance(instance, ProcessInstance))
+
     async def infer(self, request: InferRequest, received_ns: int | None = None) -> dict[str, np.ndarray]:
         """Run one request through the batcher; its own output rows come back.
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -181,3 +182,98 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+
+
+SLEEPY = """
+import time
+
+class Model:
+    def infer(self, inputs):
+        x = inputs["INPUT0"]
+        if (x[:, 0] == 9).any():
+            time.sleep(float(x[0, 1]))
+        return {"OUTPUT0": x}
+"""
+
+
+def timed_config(isolation: str) -> str:
+    return "execution_timeout_ms = 300\n" + IDENTITY_CONFIG + f"""
+[[instance_group]]
+count = 1
+kind = "KIND_CPU"
+isolation = "{isolation}"
+"""
+
+
+def send_row(server: RunningServer, model: str, row: list[float]) -> np.ndarray:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    try:
+        x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.array([row], np.float32))
+        return client.infer(model, [x]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+
+
+def status(server: RunningServer, path: str) -> int:
+    try:
+        with urllib.request.urlopen(server.http + path, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def wait_until(condition: object, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_thread_instance_stuck_past_its_timeout_fails_its_batch_and_leaves_rotation(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    repo.add("sleepy", timed_config("thread"), model=SLEEPY)
+    server = serve(repo.root)
+    with pytest.raises(InferenceServerException) as caught:
+        send_row(server, "sleepy", [9, 3, 0, 0])  # sleeps 3 s; the limit is 300 ms
+    assert caught.value.message() == (
+        'model "sleepy" instance sleepy_0: the batch ran past execution_timeout_ms (300 ms); '
+        "the instance is out of rotation until it returns"
+    )
+    assert status(server, "/v2/models/sleepy/ready") == 400  # its only instance is stuck
+    index = json.loads(urllib.request.urlopen(urllib.request.Request(
+        server.http + "/v2/repository/index", data=b"{}", method="POST"), timeout=10).read())
+    assert index[0]["state"] == "UNAVAILABLE" and "stuck in a batch past execution_timeout_ms" in index[0]["reason"]
+    assert send_row(server, "sleepy", [1, 0, 0, 0]).tolist() == [[1, 0, 0, 0]]  # served once the stuck batch returns
+    wait_until(lambda: status(server, "/v2/models/sleepy/ready") == 200, "the instance came back in rotation")
+
+
+def test_a_process_instance_past_its_timeout_is_killed_and_restarted(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    repo.add("sleepy", timed_config("process"), model=SLEEPY)
+    server = serve(repo.root)
+    with pytest.raises(InferenceServerException) as caught:
+        send_row(server, "sleepy", [9, 30, 0, 0])
+    assert caught.value.message() == (
+        'model "sleepy" instance sleepy_0: the batch ran past execution_timeout_ms (300 ms); '
+        "its process was killed and restarts"
+    )
+    assert send_row(server, "sleepy", [1, 0, 0, 0]).tolist() == [[1, 0, 0, 0]]  # after the restart
+    wait_until(lambda: status(server, "/v2/models/sleepy/ready") == 200, "ready again after the restart")
+    assert stats(server, "sleepy")["instance_restarts"] == 1
+    with urllib.request.urlopen(server.http.replace(str(server.port), _metrics_port(server)) + "/metrics") as response:
+        assert 'nereid_instance_restarts{model="sleepy",version="1"} 1' in response.read().decode()
+
+
+def test_a_restarting_model_is_not_ready_and_comes_back_on_its_own(fragile: RunningServer) -> None:
+    assert status(fragile, "/v2/models/fragile/ready") == 200
+    with pytest.raises(InferenceServerException):
+        send(fragile, "fragile", 7)  # exits: the instance restarts (0.1 s backoff, then a new process)
+    seen_unready = status(fragile, "/v2/models/fragile/ready") == 400 or "restarting" in fragile.log()
+    assert seen_unready
+    wait_until(lambda: status(fragile, "/v2/models/fragile/ready") == 200, "the model came back on its own")
+    assert stats(fragile, "fragile")["instance_restarts"] >= 1
+
+
+def _metrics_port(server: RunningServer) -> str:
+    args = server.process.args
+    assert isinstance(args, list)
+    return str(args[args.index("--metrics-port") + 1])

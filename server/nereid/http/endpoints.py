@@ -105,11 +105,13 @@ class Endpoints:
         # turns every "not ready" into 400 "Model version not ready". Only a bad version
         # string is its own error.
         try:
-            self._serving(request)
+            serving = self._serving(request)
         except (ModelNotFoundError, UnavailableError):
             return error_response(InvalidInputError("Model version not ready"))
         except NereidError as exc:
             return error_response(exc)
+        if serving.problem is not None:  # loaded, but no instance can serve right now
+            return error_response(InvalidInputError("Model version not ready"))
         return empty_response(200)
 
     async def model_metadata(self, request: Request) -> Response:
@@ -150,7 +152,7 @@ class Endpoints:
     # -- statistics ----------------------------------------------------------------------
 
     async def all_stats(self, request: Request) -> Response:
-        return json_response({"model_stats": [s.stats.snapshot() for s in self.manager.serving_models()]})
+        return json_response({"model_stats": [_stats(s) for s in self.manager.serving_models()]})
 
     async def model_stats(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -167,7 +169,7 @@ class Endpoints:
                 return error_response(
                     InvalidInputError(f"requested model version is not available for model '{name}'")
                 )
-        return json_response({"model_stats": [s.stats.snapshot() for s in versions]})
+        return json_response({"model_stats": [_stats(s) for s in versions]})
 
     # -- repository ----------------------------------------------------------------------
 
@@ -276,3 +278,12 @@ def _parse_parameters(body: bytes) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInputError("Unable to parse 'parameters': expected an object")
     return params
+
+
+def _stats(serving: ServingModel) -> dict[str, Any]:
+    """A version's entry of Triton's statistics JSON; a model with process instances also
+    says how often they were restarted (``instance_restarts``, nereid's)."""
+    entry = serving.stats.snapshot()
+    if serving.has_process_instances:
+        entry["instance_restarts"] = serving.restarts
+    return entry

@@ -9,6 +9,7 @@ import orjson
 
 from nereid.errors import (
     ConfigError,
+    ExecutionTimeoutError,
     InternalError,
     InvalidInputError,
     MalformedRequestError,
@@ -35,6 +36,7 @@ _STATUS: tuple[tuple[type[NereidError], int], ...] = (
     (UnavailableError, 503),
     (MalformedRequestError, 500),
     (ModelExecutionError, 500),
+    (ExecutionTimeoutError, 500),
     (ModelLoadError, 500),
     (InternalError, 500),
 )
