@@ -23,11 +23,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from nereid.batch_arrays import assemble, split
+from nereid.batch_arrays import assemble, split, split_step
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
-from nereid.inference import FINISHED, InferRequest
+from nereid.inference import InferRequest
 from nereid.model_faults import MODEL_FAULTS, FaultLog
 from nereid.model_file import ModelClass, describe_exception
 
@@ -336,7 +336,7 @@ class ModelInstance:
             steps = self._steps(requests, "__next__", "a decoupled model's infer must be a generator")
             try:
                 for step in steps:
-                    deliver(*self._split_step(step, requests))
+                    deliver(*split_step(step, requests, self.config, self.context.model_name))
                     if abandoned():
                         break
             finally:
@@ -353,7 +353,7 @@ class ModelInstance:
             steps = self._steps(requests, "__anext__", "a decoupled async model's infer must be an async generator")
             try:
                 async for step in steps:
-                    sink(*self._split_step(step, requests))
+                    sink(*split_step(step, requests, self.config, self.context.model_name))
                     if abandoned():
                         break
             finally:
@@ -384,33 +384,6 @@ class ModelInstance:
         elif exc is not None:
             error = self._execution_error(exc)
         return BatchOutcome([] if error is None else None, error, 0, time.monotonic_ns() - t0, 0)
-
-    def _split_step(
-        self, step: Any, requests: Sequence[InferRequest]
-    ) -> tuple[list[dict[str, np.ndarray]], list[bool]]:
-        model = self.context.model_name
-        if not isinstance(step, dict):
-            raise ModelExecutionError(
-                f'model "{model}": a streamed step must be a dict of output name -> array, got {type(step).__name__}',
-                model=model,
-            )
-        flags = step.get(FINISHED)
-        outputs = {k: v for k, v in step.items() if k != FINISHED} if flags is not None else step
-        parts = split(outputs, requests, self.config, model)
-        rows = sum(r.rows for r in requests)
-        if flags is None:
-            return parts, [False] * len(requests)
-        done = np.asarray(flags, dtype=bool).reshape(-1)
-        if done.shape[0] != rows:
-            raise ModelExecutionError(
-                f'model "{model}", {FINISHED}: expected {rows} flags (one per row of the batch), got {done.shape[0]}',
-                model=model,
-            )
-        finished, start = [], 0
-        for request in requests:
-            finished.append(bool(done[start : start + request.rows].all()))
-            start += request.rows
-        return parts, finished
 
     def _execution_error(self, exc: BaseException) -> ModelExecutionError:
         self._fault("infer", exc)
