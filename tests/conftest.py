@@ -4,13 +4,18 @@ loopback port (a subprocess, started the way users start it)."""
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -20,17 +25,109 @@ from typing import Callable, Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The example models. Under ``--isolation process``: a temporary copy of them whose
+#: instance groups are processes (set in pytest_configure, before test modules import it).
 EXAMPLES = ROOT / "model_repository"
 
 
+# -- --isolation: the whole suite with process instances ----------------------------------
+#
+# ``pytest --isolation process`` runs every model the tests serve with process instances:
+# each config RepoBuilder.add writes, and the examples (a rewritten copy replaces EXAMPLES),
+# get ``isolation = "process"`` on every [[instance_group]] that does not choose its own
+# isolation (with none, Triton's default group is added, with that isolation).
+# Configs tomllib cannot read, or whose instance_group is malformed, are left as written
+# (their tests expect the load error). JSON overrides sent to the load API are left alone.
+# Tests that check something only a thread instance has are marked
+# ``@pytest.mark.thread_only("why")`` and skipped under ``--isolation process``.
+
+#: "thread" (the default) or "process"; set from the command line in pytest_configure.
+ISOLATION = "thread"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--isolation", choices=("thread", "process"), default="thread",
+                     help="the isolation of the instances of every model the e2e tests serve")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global ISOLATION, EXAMPLES
+    # registered here, not in pyproject.toml: editing that would make `make -q install`
+    # (test_readme's check that .venv is current) see the venv as stale
+    config.addinivalue_line(
+        "markers", "thread_only(reason): checks what only a thread instance has; skipped under --isolation process"
+    )
+    ISOLATION = config.getoption("isolation")
+    if ISOLATION == "process":
+        copy = Path(tempfile.mkdtemp(prefix="nereid-examples-")) / "model_repository"
+        shutil.copytree(ROOT / "model_repository", copy)
+        for path in copy.glob("*/config.toml"):
+            path.write_text(with_isolation(path.read_text(), path.parent.name))
+        EXAMPLES = copy
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if EXAMPLES != ROOT / "model_repository":
+        shutil.rmtree(EXAMPLES.parent, ignore_errors=True)
+
+
+def with_isolation(config: str, model: str) -> str:
+    """``config`` (TOML text) of model ``model`` with ISOLATION on every instance group that
+    sets none. With no group, the one added is Triton's default (one instance, KIND_AUTO,
+    named after the model), so that only its isolation differs."""
+    if ISOLATION == "thread":
+        return config
+    try:
+        data = tomllib.loads(config)
+    except tomllib.TOMLDecodeError:
+        return config
+    groups = data.get("instance_group")
+    if groups is None:  # appended as a new top-level array of tables: valid after any table
+        return f'{config.rstrip()}\n\n[[instance_group]]\nname = {json.dumps(model)}\nisolation = "{ISOLATION}"\n'
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        return config
+    if all("isolation" in group for group in groups):
+        return config
+    for group in groups:
+        group.setdefault("isolation", ISOLATION)
+    # Re-emitted with every top-level value inline (comments are lost; nothing reads them).
+    text = "".join(f"{_toml_key(key)} = {_toml_value(value)}\n" for key, value in data.items())
+    assert tomllib.loads(text) == data, text
+    return text
+
+
+def _toml_key(key: str) -> str:
+    return json.dumps(key)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return value.isoformat()  # type: ignore[attr-defined]  # dates and times
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit."""
+    """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit.
+    Under ``--isolation process``, ``thread_only`` tests are skipped."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts[0] in ("e2e", "gpu", "unit"):
             item.add_marker(parts[0])
         if parts[0] == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))
+        thread_only = item.get_closest_marker("thread_only")
+        if thread_only is not None and ISOLATION != "thread":
+            item.add_marker(pytest.mark.skip(reason=f"thread instances only: {thread_only.args[0]}"))
 
 
 def _cuda_available() -> bool:
@@ -87,7 +184,7 @@ class RepoBuilder:
             files: dict[str, str] | None = None) -> Path:
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.toml").write_text(textwrap.dedent(config))
+        (folder / "config.toml").write_text(with_isolation(textwrap.dedent(config), name))
         target = folder / str(version) if version is not None else folder
         target.mkdir(parents=True, exist_ok=True)
         if model is not None:

@@ -23,7 +23,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["Arena", "ArraySpec", "Channel", "ChannelClosed", "read_arrays", "socket_pair", "write_arrays"]
+__all__ = [
+    "Arena", "ArraySpec", "Channel", "ChannelClosed", "Unsendable", "read_arrays", "socket_pair", "write_arrays",
+]
 
 #: one datagram: a longer message (a long traceback, large request parameters) goes as a
 #: _LONG header and then chunks of this size (most messages are a few hundred bytes, and
@@ -35,6 +37,19 @@ _MIN_ARENA = 1 << 16
 
 class ChannelClosed(EOFError):
     """The other end is gone (its process exited or was killed)."""
+
+
+class Unsendable:
+    """Sent in place of a value that cannot be pickled (a lambda, a generator): the name
+    of its type, all the receiver can be told of it."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Unsendable, (self.type_name,))
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
@@ -119,9 +134,10 @@ class Channel:
 
 
 #: Where one array lies in an arena: (name, kind, dtype, shape, offset, nbytes); ``kind``
-#: "n" (numeric, ``dtype`` a numpy dtype string) or "b" (BYTES: uint64 lengths, then the
-#: elements). A plain tuple: it is pickled twice per batch.
-ArraySpec = tuple[str, str, str, tuple[int, ...], int, int]
+#: "n" (numeric, ``dtype`` a numpy dtype string, or the dtype itself for an extension
+#: dtype such as bfloat16) or "b" (BYTES: uint64 lengths, then the elements). A plain
+#: tuple: it is pickled twice per batch.
+ArraySpec = tuple[str, str, Any, tuple[int, ...], int, int]
 
 
 class Arena:
@@ -176,20 +192,35 @@ class Arena:
         os.close(self.fd)
 
 
-def _bytes_size(array_: np.ndarray) -> int:
-    return 8 * array_.size + sum(len(item) for item in array_.flat)
+def _element(item: Any) -> bytes:
+    """One element of a BYTES (object) array: bytes as they are, str as UTF-8 (as the
+    server encodes a STRING output's str elements). Anything else raises TypeError (the
+    sender may send such an array otherwise: ``bytes(3)`` would be three zero bytes)."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    raise TypeError(f"an object array element that is not bytes or str: {type(item).__name__}")
+
+
+def _dtype(dtype: np.dtype) -> Any:
+    """What a spec says of a numeric array's dtype: its ``str`` (cheap to pickle), or the
+    dtype itself where the ``str`` loses it (``<V2`` for ml_dtypes' bfloat16)."""
+    return dtype if dtype.kind == "V" else dtype.str
 
 
 def write_arrays(arena: Arena, arrays: Mapping[str, Any]) -> list[ArraySpec]:
-    """Copy ``arrays`` (numpy arrays; object arrays of bytes for BYTES) into ``arena``,
-    growing it first if needed. Returns where each one lies."""
-    plan: list[tuple[str, np.ndarray, str, int]] = []
+    """Copy ``arrays`` (numpy arrays; object arrays of bytes or str for BYTES) into
+    ``arena``, growing it first if needed. Returns where each one lies. Raises TypeError
+    for an object array with an element that is neither bytes nor str."""
+    plan: list[tuple[str, Any, str, int]] = []
     total = 0
     for name, value in arrays.items():
         arr = np.asarray(value)
         if arr.dtype == object:
-            size = _bytes_size(arr)
-            plan.append((name, arr, "b", size))
+            items = [_element(item) for item in arr.flat]
+            size = 8 * len(items) + sum(len(item) for item in items)
+            plan.append((name, (arr.shape, items), "b", size))
         else:
             size = arr.nbytes
             plan.append((name, arr, "n", size))
@@ -201,14 +232,14 @@ def write_arrays(arena: Arena, arrays: Mapping[str, Any]) -> list[ArraySpec]:
     for name, arr, kind, size in plan:
         if kind == "n":
             np.ndarray(arr.shape, arr.dtype, buffer, offset)[...] = arr
-            specs.append((name, "n", arr.dtype.str, arr.shape, offset, size))
+            specs.append((name, "n", _dtype(arr.dtype), arr.shape, offset, size))
         else:
-            items = [bytes(item) for item in arr.flat]
+            shape, items = arr
             lengths = np.ndarray((len(items),), np.uint64, buffer, offset)
             lengths[:] = [len(item) for item in items]
             position = offset + 8 * len(items)
             buffer[position : position + size - 8 * len(items)] = b"".join(items)
-            specs.append((name, "b", "object", arr.shape, offset, size))
+            specs.append((name, "b", "object", shape, offset, size))
         offset += (size + 63) & ~63
     return specs
 

@@ -43,8 +43,11 @@ from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadE
 from nereid.inference import InferRequest
 from nereid.instance import BatchOutcome, StepSink, _InstanceThreads
 from nereid.log import log_settings
+from nereid.model_faults import MODEL_FAULTS
 from nereid.model_file import ModelClass
-from nereid.process_channel import Arena, Channel, ChannelClosed, read_arrays, socket_pair, write_arrays
+from nereid.process_channel import (
+    Arena, Channel, ChannelClosed, Unsendable, read_arrays, socket_pair, write_arrays,
+)
 
 __all__ = ["InstanceDiedError", "ProcessInstance"]
 
@@ -58,6 +61,41 @@ _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.1, 10.0
 class InstanceDiedError(ModelExecutionError):
     """The process of an instance died (or was killed at its execution timeout) while
     running a batch."""
+
+
+#: The Exception class standing for each exception type met in a process (a few at most).
+_CARRIERS: dict[str, type[Exception]] = {}
+
+
+def _model_exception(type_name: str, text: str) -> Exception:
+    """An Exception standing for what model code raised in the process: its class is named
+    like the original's, so that a message built of type name and text reads as for a
+    thread instance (``Model.batch_size(inputs) raised SystemExit: 9``)."""
+    carrier = _CARRIERS.get(type_name)
+    if carrier is None:
+        carrier = _CARRIERS[type_name] = type(type_name, (Exception,), {"__module__": "nereid.worker"})
+    return carrier(text)
+
+
+def _restore(outputs: Any) -> Any:
+    """Raw outputs with each Unsendable (a value the process could not pickle) replaced
+    by an object of a class named like the value's type: split's errors then name it as
+    for a thread instance."""
+    if isinstance(outputs, Unsendable):
+        return _stand_in(outputs.type_name)
+    if isinstance(outputs, dict) and any(isinstance(value, Unsendable) for value in outputs.values()):
+        return {k: _stand_in(v.type_name) if isinstance(v, Unsendable) else v for k, v in outputs.items()}
+    return outputs
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _stand_in(type_name: str) -> object:
+    cls = _STAND_INS.get(type_name)
+    if cls is None:
+        cls = _STAND_INS[type_name] = type(type_name, (), {"__module__": "nereid.worker", "__slots__": ()})
+    return cls()
 
 
 def describe_exit(returncode: int) -> str:
@@ -100,7 +138,7 @@ class _Process:
 class _Slot:
     """What one instance thread uses to talk to the process: a channel and its arenas."""
 
-    __slots__ = ("channel", "inputs", "outputs", "generation", "waiting")
+    __slots__ = ("channel", "inputs", "outputs", "generation", "waiting", "busy")
 
     def __init__(self, channel: Channel, generation: int) -> None:
         self.channel = channel
@@ -109,6 +147,8 @@ class _Slot:
         self.generation = generation
         #: the loop's future for the reply being waited for (run_batch), if any.
         self.waiting: asyncio.Future[tuple[Any, list[int]]] | None = None
+        #: a batch was sent (run_batch) and its reply is not read yet.
+        self.busy = False
 
 
 class ProcessInstance:
@@ -179,14 +219,10 @@ class ProcessInstance:
             raise ModelLoadError(
                 self.context.model_name, f"{self.model_file}: instance {self.name}'s process {cause} while loading"
             ) from None
-        if message[0] != "ready":
+        if message[0] != "ready":  # ("load-error", reason): worded as for a thread instance
             process.popen.wait()
             process.close_channels()
-            _, type_name, text, _ = message
-            raise ModelLoadError(
-                self.context.model_name,
-                f"{self.model_file}: instance {self.name}'s process failed to load the model: {type_name}: {text}",
-            )
+            raise ModelLoadError(self.context.model_name, message[1], str(self.model_file))
         with self._lock:
             self._generation += 1
             self._process = process
@@ -247,10 +283,7 @@ class ProcessInstance:
         channel = process.channels[0]
         try:
             channel.send(("close",))
-            message, _ = channel.recv(_CLOSE_TIMEOUT_S)
-            if message[0] == "error":
-                _log.error("model '%s' instance %s: close() raised %s: %s", self.context.model_name, self.name,
-                           message[1], message[2])
+            channel.recv(_CLOSE_TIMEOUT_S)  # "ok", or "error": close() raised (the process logged it)
         except (ChannelClosed, TimeoutError):
             pass
         try:
@@ -280,6 +313,7 @@ class ProcessInstance:
         try:
             specs = write_arrays(slot.inputs, inputs)
             slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
+            slot.busy = True
             reply = self._reply(slot, await self._reply_on_loop(slot))
             raw = self._outputs(slot, reply)
         except ChannelClosed:
@@ -287,11 +321,15 @@ class ProcessInstance:
         except NereidError as exc:
             return BatchOutcome(None, exc, t1 - t0, time.monotonic_ns() - t1, 0)
         finally:
-            self._release(slot)
+            if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
+                self._release_after_reply(slot)
+            else:
+                self._release(slot)
         t2 = time.monotonic_ns()
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
+            self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         self._backoff_s = _BACKOFF_FIRST_S
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
@@ -319,11 +357,17 @@ class ProcessInstance:
             loop.remove_reader(fd)
             if not waiting.done():
                 try:
-                    waiting.set_result(slot.channel.recv_ready())
+                    message, fds = slot.channel.recv_ready()
                 except BlockingIOError:  # spurious: wait on
                     loop.add_reader(fd, readable)
                 except (ChannelClosed, OSError) as exc:
                     waiting.set_exception(ChannelClosed(str(exc)))
+                else:
+                    # read: whatever becomes of the awaiting task, the slot is free and
+                    # its outputs arena is the one this reply's arrays lie in
+                    slot.busy = False
+                    self._adopt(slot, fds)
+                    waiting.set_result((message, []))
 
         loop.add_reader(fd, readable)
         try:
@@ -337,6 +381,29 @@ class ProcessInstance:
         finally:
             loop.remove_reader(fd)
             slot.waiting = None
+
+    def _release_after_reply(self, slot: _Slot) -> None:
+        """Put ``slot`` back once the reply to the batch it was sent arrives (read and
+        dropped, its arena adopted): the next batch on it must not take that reply for
+        its own. A slot whose process dies meanwhile is dropped with it."""
+        assert self._loop is not None
+        loop, fd = self._loop, slot.channel.sock.fileno()
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            try:
+                _, fds = slot.channel.recv_ready()
+            except BlockingIOError:  # spurious: wait on
+                loop.add_reader(fd, readable)
+                return
+            except (ChannelClosed, OSError):  # the process is gone: so is the slot
+                return
+            slot.busy = False
+            self._adopt(slot, fds)
+            self._release(slot)
+
+        if slot.generation == self._generation:
+            loop.add_reader(fd, readable)
 
     def _take_slot(self) -> _Slot:
         while True:
@@ -375,11 +442,7 @@ class ProcessInstance:
     def _reply(self, slot: _Slot, received: tuple[Any, list[int]]) -> Any:
         """A reply's message, its outputs' arena adopted; a model error raised."""
         message, fds = received
-        if fds:
-            if slot.outputs is None:
-                slot.outputs = Arena(fd=fds[0])
-            else:
-                slot.outputs.adopt(fds)
+        self._adopt(slot, fds)
         if message[0] == "error":
             _, type_name, text = message
             raise ModelExecutionError(
@@ -389,11 +452,26 @@ class ProcessInstance:
             )
         return message
 
+    @staticmethod
+    def _adopt(slot: _Slot, fds: list[int]) -> None:
+        """The process replaced its outputs arena (the descriptor came with a reply)."""
+        if fds:
+            if slot.outputs is None:
+                slot.outputs = Arena(fd=fds[0])
+            else:
+                slot.outputs.adopt(fds)
+
     def _outputs(self, slot: _Slot, message: Any) -> Any:
-        if message[0].endswith("-raw"):
-            return message[1]
+        if message[0].endswith("-raw"):  # what infer returned, pickled: split checks it
+            return _restore(message[1])
         assert slot.outputs is not None
         return read_arrays(slot.outputs, message[1], copy=True)
+
+    def _output_fault(self, error: NereidError) -> None:
+        """Outputs that do not match the config, in the server log (as for a thread
+        instance; what model code raised is logged by the process)."""
+        if isinstance(error, ModelExecutionError):
+            MODEL_FAULTS.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
 
     def _mark_dead(self, process: _Process) -> None:
         """No batch goes to ``process`` any more: its slots are dropped, new batches wait
@@ -454,10 +532,12 @@ class ProcessInstance:
         try:
             channel.send(("batch_size", specs, ()), arena.take_fd_to_send())
             message, _ = channel.recv(self.timeout_s)
-        except (ChannelClosed, TimeoutError):
+        except ChannelClosed:
             raise self._died(None) from None
+        except TimeoutError:
+            raise self._died(self.config.execution_timeout_ms) from None
         if message[0] == "error":
-            raise ValueError(f"{message[1]}: {message[2]}")
+            raise _model_exception(message[1], message[2])
         return message[1]  # type: ignore[no-any-return]
 
     def _cost_arena(self) -> Arena:
@@ -492,7 +572,14 @@ class ProcessInstance:
         try:
             message = self._exchange(slot, "stream", inputs, self._parameters(requests))
             while message[0] != "end":
-                deliver(*split_step(self._outputs(slot, message), requests, self.config, self.context.model_name))
+                try:
+                    parts = split_step(self._outputs(slot, message), requests, self.config, self.context.model_name)
+                except NereidError as exc:  # the step does not match the config: the stream ends
+                    self._output_fault(exc)
+                    slot.channel.send(("stop",))  # the process closes the generator and says "end"
+                    self._receive(slot)  # (or what closing it raised, which then fails the stream)
+                    return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+                deliver(*parts)
                 slot.channel.send(("stop",) if abandoned() else ("more",))
                 message = self._receive(slot)
         except ChannelClosed:

@@ -22,16 +22,16 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 from typing import Any
 
 import numpy as np
 
 from nereid.batch_arrays import tensor_to_numpy
+from nereid.errors import ModelLoadError
 from nereid.log import configure_logging
 from nereid.model_faults import MODEL_FAULTS
-from nereid.model_file import ModelClass, load_model_class
-from nereid.process_channel import Arena, Channel, ChannelClosed, read_arrays, write_arrays
+from nereid.model_file import ModelClass, describe_exception, load_model_class
+from nereid.process_channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
 
 __all__ = ["main", "worker_outputs"]
 
@@ -52,29 +52,34 @@ def _die_with_parent() -> None:
 
 def worker_outputs(raw: Any) -> Any:
     """What the model returned, made transferable: torch tensors (any device) become
-    numpy, STRING sequences object arrays; anything unexpected is left as is (the server
-    checks outputs against the config and words the error)."""
+    numpy (as the server would convert them); anything else is left as is, lists of str
+    too: the server checks outputs against the config and converts or words the error
+    exactly as for a thread instance."""
     if not isinstance(raw, dict):
         return raw
     if all(type(value) is np.ndarray for value in raw.values()):
         return raw  # the common case: nothing to convert
-    converted: dict[Any, Any] = {}
-    for name, value in raw.items():
-        if type(value).__module__.startswith("torch"):
-            value = tensor_to_numpy(value)
-        elif isinstance(value, (list, tuple)):
-            try:
-                value = np.array(value, dtype=object) if _is_text(value) else np.asarray(value)
-            except (ValueError, TypeError):
-                pass
-        converted[name] = value
-    return converted
+    return {
+        name: tensor_to_numpy(value) if type(value).__module__.startswith("torch") else value
+        for name, value in raw.items()
+    }
 
 
-def _is_text(value: Any) -> bool:
-    while isinstance(value, (list, tuple)) and value:
-        value = value[0]
-    return isinstance(value, (str, bytes))
+def _sendable(outputs: Any) -> Any:
+    """``outputs`` with each value that cannot be pickled (a lambda, a generator)
+    replaced by an Unsendable naming its type: the server then words the error about it
+    as for a thread instance (``expected a numpy array or torch tensor, got function``)."""
+    if not isinstance(outputs, dict):
+        return Unsendable(type(outputs).__name__)
+    return {name: value if _picklable(value) else Unsendable(type(value).__name__) for name, value in outputs.items()}
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except _PICKLE_ERRORS:
+        return False
+    return True
 
 
 class _Worker:
@@ -97,7 +102,11 @@ class _Worker:
             self.model = cls(self.context) if self.model_class.init_takes_context else cls()
         except BaseException as exc:
             MODEL_FAULTS.record(self.context.model_name, self.context.model_version, "__init__", exc)
-            raise
+            raise ModelLoadError(  # worded as for a thread instance
+                self.context.model_name,
+                f"{init['model_file']}: Model.__init__ failed for instance {self.context.instance_name}: "
+                f"{describe_exception(exc)}",
+            ) from exc
 
     def traits(self) -> dict[str, Any]:
         mc = self.model_class
@@ -139,7 +148,7 @@ class _Worker:
         result = fn(*args)
         if inspect.isawaitable(result):
             assert self.loop is not None
-            return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
+            return _run_on(self.loop, result)
         return result
 
     def _fault(self, stage: str, exc: BaseException) -> tuple[str, str, str]:
@@ -161,27 +170,38 @@ class _Worker:
         self._send_outputs(channel, arena, "ok", worker_outputs(raw))
 
     def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any) -> None:
-        """Numpy outputs through the arena; anything else pickled (the server words the
-        error about it)."""
+        """Numpy outputs through the arena; anything else (and object arrays of other
+        than bytes and str) pickled: the server checks them as for a thread instance and
+        words the error."""
         if isinstance(outputs, dict) and all(isinstance(v, np.ndarray) for v in outputs.values()):
             try:
                 specs = write_arrays(arena, outputs)
-            except (TypeError, ValueError) as exc:  # e.g. an object array of non-bytes
-                channel.send(("error", "TypeError", f"an output cannot be sent to the server: {exc}"))
+            except (TypeError, ValueError):  # e.g. an object array of ints: pickled below
+                pass
+            else:
+                channel.send((kind, specs), arena.take_fd_to_send())
                 return
-            channel.send((kind, specs), arena.take_fd_to_send())
-            return
         try:
             channel.send((kind + "-raw", outputs))
-        except _PICKLE_ERRORS as exc:
+            return
+        except _PICKLE_ERRORS:
+            pass
+        try:
+            channel.send((kind + "-raw", _sendable(outputs)))
+        except _PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
             channel.send(("error", "TypeError", f"infer returned a value that cannot be sent to the server: {exc}"))
 
     def _stream(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
         try:
             steps = self.model.infer(inputs, *params)
-            if self.loop is not None and hasattr(steps, "__anext__"):
+            if self.loop is not None:  # as a thread instance words it
+                if not hasattr(steps, "__anext__"):
+                    _discard(steps)
+                    raise TypeError(
+                        f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}"
+                    )
                 steps = _sync_steps(steps, self.loop)
-            if not hasattr(steps, "__next__"):
+            elif not hasattr(steps, "__next__"):
                 raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
             try:
                 for step in steps:
@@ -199,17 +219,44 @@ class _Worker:
         channel.send(("end",))
 
     def _close(self, channel: Channel) -> None:
+        """The model's close(), then the repeats of its faults still counted (as the
+        server flushes a thread instance's at unload), then the reply."""
+        reply: tuple[Any, ...] = ("ok", None)
         if self.model_class.has_close:
-            self._reply(channel, "close", lambda: self._call(self.model.close))
-        else:
-            channel.send(("ok", None))
+            try:
+                self._call(self.model.close)
+            except BaseException as exc:  # model code
+                reply = self._fault("close", exc)
+        MODEL_FAULTS.flush(self.context.model_name, self.context.model_version)
+        channel.send(reply)
 
 
 _PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, ValueError)
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+async def _contained(awaitable: Any) -> tuple[bool, Any]:
+    """Await model code on the worker's loop, whatever it raises returned rather than
+    raised: a SystemExit or KeyboardInterrupt leaving a task stops the loop itself (every
+    later await would hang), and a CancelledError of the model's own would come back as
+    the cross-thread future's bare CancelledError, its message lost."""
+    try:
+        return True, await awaitable
+    except BaseException as exc:  # model code: handed to the calling thread as it is
+        return False, exc
+
+
+def _run_on(loop: asyncio.AbstractEventLoop, awaitable: Any) -> Any:
+    """``await awaitable`` on ``loop``, from a serving thread: its result, or what it raised."""
+    ok, value = asyncio.run_coroutine_threadsafe(_contained(awaitable), loop).result()
+    if not ok:
+        raise value
+    return value
+
+
+def _discard(value: Any) -> None:
+    """Close what infer returned and will not be used (a coroutine never awaited warns)."""
+    if inspect.iscoroutine(value):
+        value.close()
 
 
 def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
@@ -221,12 +268,12 @@ def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
 
         def __next__(self) -> Any:
             try:
-                return asyncio.run_coroutine_threadsafe(steps.__anext__(), loop).result()
+                return _run_on(loop, steps.__anext__())
             except StopAsyncIteration:
                 raise StopIteration from None
 
         def close(self) -> None:
-            asyncio.run_coroutine_threadsafe(steps.aclose(), loop).result()
+            _run_on(loop, steps.aclose())
 
     return _Steps()
 
@@ -243,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker = _Worker(channels, init)
     except BaseException as exc:  # import or __init__: the server makes the model UNAVAILABLE
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        channels[0].send(("load-error", type(exc).__name__, str(exc), detail))
+        # the reason, as a thread instance's load words it (load_model_class's own, the
+        # __init__ one above, else the model loader's "<file>: <exception>")
+        reason = exc.message if isinstance(exc, ModelLoadError) else f"{init['model_file']}: {describe_exception(exc)}"
+        channels[0].send(("load-error", reason))
         return 1
     channels[0].send(("ready", worker.traits()))
     threads = [threading.Thread(target=worker.serve, args=(ch,), daemon=True) for ch in channels[1:]]

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import conftest
 from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server, visible_gpu_ids
 
 IDENTITY_CONFIG = """
@@ -288,6 +289,8 @@ def full_config(name: str, max_batch_size: int, inputs: list[dict[str, Any]], ou
         "default_model_filename": "model.py", "cc_model_filenames": {}, "metric_tags": {}, "parameters": {},
         "model_warmup": [], "model_transaction_policy": {"decoupled": False},
     }
+    if conftest.ISOLATION != "thread":  # pytest --isolation process: the group's isolation, nereid's parameter
+        config["parameters"] = {f"instance_group.{name}.isolation": {"string_value": conftest.ISOLATION}}
     config.update(extra)
     return config
 
@@ -328,8 +331,12 @@ def zero_stats(name: str, version: str) -> dict[str, Any]:
         "name": name, "version": version, "last_inference": 0, "inference_count": 0, "execution_count": 0,
         "inference_stats": {key: ZERO for key in ("success", "fail", "queue", "compute_input", "compute_infer",
                                                   "compute_output", "cache_hit", "cache_miss")},
-        "response_stats": {}, "batch_stats": [], "memory_usage": [],
+        "response_stats": {}, "batch_stats": [], "memory_usage": [], **PROCESS_STATS,
     }
+
+
+#: What the stats of a model with process instances add (pytest --isolation process).
+PROCESS_STATS: dict[str, Any] = {"instance_restarts": 0} if conftest.ISOLATION == "process" else {}
 
 
 def test_stats_of_a_ready_model_before_any_traffic_are_all_zero(http: httpx.Client) -> None:
@@ -353,7 +360,7 @@ def test_stats_after_one_request_count_it_everywhere(http: httpx.Client) -> None
     finished_ms = time.time_ns() // 1_000_000
     (stats,) = http.get("/v2/models/touched/stats").json()["model_stats"]
     assert list(stats) == ["name", "version", "last_inference", "inference_count", "execution_count",
-                           "inference_stats", "response_stats", "batch_stats", "memory_usage"]
+                           "inference_stats", "response_stats", "batch_stats", "memory_usage", *PROCESS_STATS]
     assert (stats["name"], stats["version"]) == ("touched", "1")
     assert started_ms <= stats["last_inference"] <= finished_ms
     assert (stats["inference_count"], stats["execution_count"]) == (3, 1)

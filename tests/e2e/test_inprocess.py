@@ -166,6 +166,8 @@ class Model:
 """
 
 
+@pytest.mark.thread_only("the model object lives in the instance's process, which exits with it: "
+                         "no thread of the server holds or releases it")
 @pytest.mark.parametrize("requests", [0, 3])
 def test_an_unloaded_model_is_released_by_the_loop_not_by_its_instance_thread(
     repo: RepoBuilder, requests: int

@@ -148,7 +148,7 @@ def test_a_crash_while_loading_makes_the_model_unavailable_with_its_cause(serve,
     server = serve(repo.root, "--strict-readiness", "false")
     log = server.log()
     assert "instance dies_0's process exited with code 4 while loading" in log
-    assert "instance raises_0's process failed to load the model: RuntimeError: no weights" in log
+    assert "Model.__init__ failed for instance raises_0: RuntimeError: no weights" in log  # as for a thread
     assert "raised in __init__ (logged once" in log  # the traceback, from the instance's process
 
 
