@@ -2,7 +2,7 @@
 #   make serve   create .venv if missing, install nereid and tritonclient, serve model_repository/
 #                on 127.0.0.1:8000 (PORT=8001 for another port, ARGS="--log-verbose 1" for more flags)
 #   make test    the same set-up plus test dependencies, then the whole suite (mypy --strict,
-#                import contracts, pytest)
+#                import contracts, pytest; the e2e tests a second time with process instances)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -46,6 +46,7 @@ test: install-test perf-analyzer
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q tests/e2e --isolation process   # the e2e suite again, every model in process instances
 
 bench: install-test perf-analyzer
 	$(BIN)/python perf/bench_identity.py

@@ -1,34 +1,24 @@
 """ProcessInstance: a model instance that is an OS process of its own (``isolation =
-"process"``), and its supervisor.
+"process"``): the batches side; the process and its supervisor are ``worker_process.py``'s.
 
-The server side of ``worker.py``. It has the surface of ``instance.ModelInstance`` (the
-batcher, warmup and loader cannot tell them apart): ``start``, ``run_batch``,
-``run_stream``, ``cost_function``, ``close``. A batch is assembled here, on one of the
-instance's threads, written into that thread's shared-memory arena, run in the process,
-and its outputs are read back and split here, so the model's outputs are checked exactly
-as for a thread instance.
+It has the surface of ``instance.ModelInstance`` (the batcher, warmup and loader cannot
+tell them apart): ``start``, ``run_batch``, ``run_stream``, ``cost_function``, ``close``,
+``problem``. A batch is assembled here, on the event loop, written into its slot's
+shared-memory arena and sent; the loop wakes when the reply arrives (no thread hop); its
+outputs are read back and split here, so they are checked exactly as for a thread
+instance. Streams (decoupled models) run on the instance's threads, one acknowledged step
+at a time.
 
-The supervisor: a thread per instance waits for the process to end. A process that dies
-(a signal, ``os._exit``, a crash in a C extension) or runs a batch past
-``execution_timeout_ms`` (it is killed) fails the batch it was running with an error
-naming the model, the instance and the cause; the batcher then reruns the batch-mates
-one at a time, so only the request that crashes it fails. The process is restarted with a
-backoff (0.1 s doubling to 10 s, back to 0.1 s after a batch succeeds); meanwhile
-``problem`` says why the instance cannot serve and batches wait for the restart. Nothing
-outlives the server: the process is killed when the server process dies
-(PR_SET_PDEATHSIG) and when its channels close.
+A process that dies (a signal, ``os._exit``, a crash in a C extension) fails the batch it
+was running with an error naming the model, the instance and the cause; the batcher then
+reruns the batch-mates one at a time, so only the request that crashes it fails. A batch
+past ``execution_timeout_ms`` fails with ExecutionTimeoutError and its process is killed.
+Either way the supervisor restarts the process and batches wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 import types
 from pathlib import Path
@@ -42,20 +32,12 @@ from nereid.context import ModelContext
 from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instance import BatchOutcome, StepSink, _InstanceThreads
-from nereid.log import log_settings
 from nereid.model_faults import MODEL_FAULTS
 from nereid.model_file import ModelClass
-from nereid.process_channel import (
-    Arena, Channel, ChannelClosed, Unsendable, read_arrays, socket_pair, write_arrays,
-)
+from nereid.process_channel import Arena, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.worker_process import Slot, WorkerProcess
 
 __all__ = ["InstanceDiedError", "ProcessInstance"]
-
-_log = logging.getLogger("nereid")
-
-_START_TIMEOUT_S = 600.0  # importing torch and loading weights can take minutes
-_CLOSE_TIMEOUT_S = 5.0
-_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.1, 10.0
 
 
 class InstanceDiedError(ModelExecutionError):
@@ -98,59 +80,6 @@ def _stand_in(type_name: str) -> object:
     return cls()
 
 
-def describe_exit(returncode: int) -> str:
-    """``killed by SIGSEGV`` / ``exited with code 7``."""
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-class _Process:
-    """One started worker process and its channels (one per slot)."""
-
-    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
-        pairs = [socket_pair() for _ in range(slots)]
-        child_fds = [pair[1].fileno() for pair in pairs]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "nereid.worker", *map(str, child_fds)],
-            pass_fds=child_fds, env=env, stdin=subprocess.DEVNULL,
-        )
-        for pair in pairs:
-            pair[1].close()
-        self.channels = [Channel(pair[0]) for pair in pairs]
-        #: the slots made from these channels (all but the first, which is for control).
-        self.slots: list[_Slot] = []
-        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings()})
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-
-    def close_channels(self) -> None:
-        for channel in self.channels:
-            channel.close()
-
-
-class _Slot:
-    """What one instance thread uses to talk to the process: a channel and its arenas."""
-
-    __slots__ = ("channel", "inputs", "outputs", "generation", "waiting", "busy")
-
-    def __init__(self, channel: Channel, generation: int) -> None:
-        self.channel = channel
-        self.inputs = Arena()
-        self.outputs: Arena | None = None
-        self.generation = generation
-        #: the loop's future for the reply being waited for (run_batch), if any.
-        self.waiting: asyncio.Future[tuple[Any, list[int]]] | None = None
-        #: a batch was sent (run_batch) and its reply is not read yet.
-        self.busy = False
-
-
 class ProcessInstance:
     """One instance in a process of its own (see the module docstring)."""
 
@@ -162,23 +91,23 @@ class ProcessInstance:
         batching = config.dynamic_batching
         self.capacity = batching.max_concurrent_batches if batching is not None else 1
         self.timeout_s = config.execution_timeout_ms / 1000 if getattr(config, "execution_timeout_ms", 0) else None
-        self.restarts = 0
         #: the batcher leaves the execution timeout to this instance (it kills its process).
         self.enforces_timeout = True
-        #: why this instance cannot serve right now (None: it can).
-        self.problem: str | None = "starting"
         self.model_class: ModelClass | None = None
+        self.worker = WorkerProcess(model_file, context, self.capacity + 1)  # + the control channel
         self._threads = _InstanceThreads(self.capacity, self.name)
-        self._slots: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
-        self._process: _Process | None = None
-        self._generation = 0
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready_on_loop: asyncio.Event | None = None  # _ready, for run_batch on the loop
-        self._lock = threading.Lock()
-        self._closing = False
-        self._backoff_s = _BACKOFF_FIRST_S
+        self._cost_inputs: Arena | None = None
+        self._cost_generation = -1
         self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why this instance cannot serve right now (None: it can)."""
+        return self.worker.problem
+
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
 
     @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
@@ -189,10 +118,8 @@ class ProcessInstance:
     async def start(self) -> None:
         """Start the process and wait until its Model is built. Raises ModelLoadError with
         the cause (an import error, an exception in __init__, a crash)."""
-        self._loop = asyncio.get_running_loop()
-        self._ready_on_loop = asyncio.Event()
         try:
-            traits = await asyncio.to_thread(self._spawn)
+            traits = await self.worker.start()
         except ModelLoadError:
             await self._threads.stop(1.0)
             raise
@@ -204,96 +131,11 @@ class ProcessInstance:
         )
         if traits["has_batch_size"]:
             self._cost = self._remote_batch_size
-        threading.Thread(target=self._supervise, name=f"{self.name}-supervisor", daemon=True).start()
-
-    def _spawn(self) -> dict[str, Any]:
-        """Start a process and wait for its "ready" (runs on a thread)."""
-        process = _Process(self.model_file, self.context, self.capacity + 1)  # + one channel for batch_size
-        try:
-            message, _ = process.channels[0].recv(_START_TIMEOUT_S)
-        except (ChannelClosed, TimeoutError) as exc:
-            process.kill()
-            returncode = process.popen.wait()
-            process.close_channels()
-            cause = describe_exit(returncode) if not isinstance(exc, TimeoutError) else "timed out starting"
-            raise ModelLoadError(
-                self.context.model_name, f"{self.model_file}: instance {self.name}'s process {cause} while loading"
-            ) from None
-        if message[0] != "ready":  # ("load-error", reason): worded as for a thread instance
-            process.popen.wait()
-            process.close_channels()
-            raise ModelLoadError(self.context.model_name, message[1], str(self.model_file))
-        with self._lock:
-            self._generation += 1
-            self._process = process
-            while not self._slots.empty():
-                self._slots.get()
-            for channel in process.channels[1:]:
-                slot = _Slot(channel, self._generation)
-                process.slots.append(slot)
-                self._slots.put(slot)
-            self.problem = None
-        self._ready.set()
-        self._on_loop(self._ready_on_loop.set if self._ready_on_loop is not None else None)
-        return message[1]  # type: ignore[no-any-return]
-
-    def _on_loop(self, fn: Callable[[], object] | None) -> None:
-        loop = self._loop
-        if fn is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(fn)
-
-    def _supervise(self) -> None:
-        """Wait for the process to end; restart it (with a backoff) unless closing."""
-        while True:
-            process = self._process
-            assert process is not None
-            returncode = process.popen.wait()
-            with self._lock:
-                if self._closing:
-                    return
-                self.problem = f"instance {self.name} restarting: its process {describe_exit(returncode)}"
-            self._mark_dead(process)
-            self._on_loop(lambda: self._drop(process))
-            _log.error("model '%s' instance %s: process %s; restarting in %.1f s (restart %d)",
-                       self.context.model_name, self.name, describe_exit(returncode), self._backoff_s, self.restarts + 1)
-            while not self._closing:
-                time.sleep(self._backoff_s)
-                self._backoff_s = min(self._backoff_s * 2, _BACKOFF_MAX_S)
-                self.restarts += 1
-                try:
-                    self._spawn()
-                    break
-                except ModelLoadError as exc:
-                    self.problem = f"instance {self.name} restarting: {exc.message}"
-                    _log.error("model '%s' instance %s: restart failed: %s", self.context.model_name, self.name,
-                               exc.message)
-            if self._closing:
-                return
 
     async def close(self) -> None:
         """Ask the process to close the model and exit (killed after a grace period)."""
-        with self._lock:
-            self._closing = True
-            process = self._process
-        if process is not None:
-            await asyncio.to_thread(self._close_process, process)
+        await self.worker.close()
         await self._threads.stop(1.0)
-
-    def _close_process(self, process: _Process) -> None:
-        channel = process.channels[0]
-        try:
-            channel.send(("close",))
-            channel.recv(_CLOSE_TIMEOUT_S)  # "ok", or "error": close() raised (the process logged it)
-        except (ChannelClosed, TimeoutError):
-            pass
-        try:
-            process.popen.wait(_CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            _log.warning("model '%s' instance %s: process still running %.0f s after close; killed",
-                         self.context.model_name, self.name, _CLOSE_TIMEOUT_S)
-            process.kill()
-            process.popen.wait()
-        process.close_channels()
 
     # -- batches -----------------------------------------------------------------------
 
@@ -308,7 +150,7 @@ class ProcessInstance:
             inputs = assemble(requests, self.config)
         except NereidError as exc:
             return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
-        slot = await self._take_slot_on_loop()
+        slot = await self.worker.take_slot_on_loop()
         t1 = time.monotonic_ns()
         try:
             specs = write_arrays(slot.inputs, inputs)
@@ -324,29 +166,17 @@ class ProcessInstance:
             if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
                 self._release_after_reply(slot)
             else:
-                self._release(slot)
+                self.worker.release(slot)
         t2 = time.monotonic_ns()
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
-        self._backoff_s = _BACKOFF_FIRST_S
+        self.worker.succeeded()
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
-    async def _take_slot_on_loop(self) -> _Slot:
-        assert self._ready_on_loop is not None
-        while True:
-            await self._ready_on_loop.wait()
-            try:
-                slot = self._slots.get_nowait()
-            except queue.Empty:  # between a restart's slots and its ready: look again shortly
-                await asyncio.sleep(0.001)
-                continue
-            if slot.generation == self._generation:
-                return slot
-
-    async def _reply_on_loop(self, slot: _Slot) -> tuple[Any, list[int]]:
+    async def _reply_on_loop(self, slot: Slot) -> tuple[Any, list[int]]:
         """The slot's next message, awaited on the loop (the execution timeout applies)."""
         loop = asyncio.get_running_loop()
         fd = slot.channel.sock.fileno()
@@ -382,12 +212,13 @@ class ProcessInstance:
             loop.remove_reader(fd)
             slot.waiting = None
 
-    def _release_after_reply(self, slot: _Slot) -> None:
+    def _release_after_reply(self, slot: Slot) -> None:
         """Put ``slot`` back once the reply to the batch it was sent arrives (read and
         dropped, its arena adopted): the next batch on it must not take that reply for
         its own. A slot whose process dies meanwhile is dropped with it."""
-        assert self._loop is not None
-        loop, fd = self._loop, slot.channel.sock.fileno()
+        loop = self.worker.loop
+        assert loop is not None
+        fd = slot.channel.sock.fileno()
 
         def readable() -> None:
             loop.remove_reader(fd)
@@ -400,17 +231,10 @@ class ProcessInstance:
                 return
             slot.busy = False
             self._adopt(slot, fds)
-            self._release(slot)
+            self.worker.release(slot)
 
-        if slot.generation == self._generation:
+        if slot.generation == self.worker.generation:
             loop.add_reader(fd, readable)
-
-    def _take_slot(self) -> _Slot:
-        while True:
-            self._ready.wait()
-            slot = self._slots.get()
-            if slot.generation == self._generation:
-                return slot
 
     def _parameters(self, requests: Sequence[InferRequest]) -> tuple[Any, ...]:
         assert self.model_class is not None
@@ -418,11 +242,7 @@ class ProcessInstance:
             return ()
         return ([dict(request.parameters) for request in requests for _ in range(request.rows)],)
 
-    def _release(self, slot: _Slot) -> None:
-        if slot.generation == self._generation:
-            self._slots.put(slot)
-
-    def _exchange(self, slot: _Slot, kind: str, inputs: dict[str, np.ndarray], params: Any) -> Any:
+    def _exchange(self, slot: Slot, kind: str, inputs: dict[str, np.ndarray], params: Any) -> Any:
         """Send one message with its inputs and wait for the reply (the execution timeout
         applies); a dead or killed process raises InstanceDiedError."""
         specs = write_arrays(slot.inputs, inputs)
@@ -432,14 +252,14 @@ class ProcessInstance:
         except ChannelClosed:
             raise self._died(None) from None
 
-    def _receive(self, slot: _Slot) -> Any:
+    def _receive(self, slot: Slot) -> Any:
         try:
             received = slot.channel.recv(self.timeout_s)
         except TimeoutError:
             raise self._died(self.config.execution_timeout_ms) from None
         return self._reply(slot, received)
 
-    def _reply(self, slot: _Slot, received: tuple[Any, list[int]]) -> Any:
+    def _reply(self, slot: Slot, received: tuple[Any, list[int]]) -> Any:
         """A reply's message, its outputs' arena adopted; a model error raised."""
         message, fds = received
         self._adopt(slot, fds)
@@ -453,7 +273,7 @@ class ProcessInstance:
         return message
 
     @staticmethod
-    def _adopt(slot: _Slot, fds: list[int]) -> None:
+    def _adopt(slot: Slot, fds: list[int]) -> None:
         """The process replaced its outputs arena (the descriptor came with a reply)."""
         if fds:
             if slot.outputs is None:
@@ -461,7 +281,7 @@ class ProcessInstance:
             else:
                 slot.outputs.adopt(fds)
 
-    def _outputs(self, slot: _Slot, message: Any) -> Any:
+    def _outputs(self, slot: Slot, message: Any) -> Any:
         if message[0].endswith("-raw"):  # what infer returned, pickled: split checks it
             return _restore(message[1])
         assert slot.outputs is not None
@@ -473,40 +293,12 @@ class ProcessInstance:
         if isinstance(error, ModelExecutionError):
             MODEL_FAULTS.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
 
-    def _mark_dead(self, process: _Process) -> None:
-        """No batch goes to ``process`` any more: its slots are dropped, new batches wait
-        for the restart."""
-        with self._lock:
-            if self._process is process and self._ready.is_set():
-                self._ready.clear()
-                self._on_loop(self._ready_on_loop.clear if self._ready_on_loop is not None else None)
-                self._generation += 1
-                while not self._slots.empty():
-                    self._slots.get()
-
-    def _drop(self, process: _Process) -> None:
-        """On the loop: stop watching a dead process's channels, then close them."""
-        assert self._loop is not None
-        for channel in process.channels:
-            self._loop.remove_reader(channel.sock.fileno())
-        for slot in process.slots:
-            if slot.waiting is not None and not slot.waiting.done():
-                slot.waiting.set_exception(ChannelClosed("the instance's process ended"))
-        process.close_channels()
-
     def _died(self, timeout_ms: int | None) -> InstanceDiedError | ExecutionTimeoutError:
-        """Kill the process (at its execution timeout) and wait for its end: the error of
-        its batch (a timeout is not retried request by request: each would wait again)."""
-        process = self._process
-        assert process is not None
+        """The error of the batch the process was running when it ended (killed here at
+        the execution timeout): a timeout is not retried request by request (each would
+        wait again); a death is."""
+        cause = self.worker.died(timeout_ms)
         model = self.context.model_name
-        if timeout_ms is not None:
-            process.kill()
-            process.popen.wait()
-            cause = f"ran past execution_timeout_ms ({timeout_ms} ms) and was killed"
-        else:
-            cause = describe_exit(process.popen.wait())
-        self._mark_dead(process)
         if timeout_ms is not None:
             return ExecutionTimeoutError(
                 f'model "{model}" instance {self.name}: the batch ran past execution_timeout_ms ({timeout_ms} ms); '
@@ -522,9 +314,9 @@ class ProcessInstance:
     def _remote_batch_size(self, inputs: dict[str, np.ndarray]) -> int:
         """``Model.batch_size(inputs)`` in the process, on its own channel (one round
         trip per request, on the event loop: keep it cheap)."""
-        if not self._ready.is_set():
+        if not self.worker.ready:
             raise RuntimeError(f"instance {self.name} is restarting")
-        process = self._process
+        process = self.worker.process
         assert process is not None
         channel = process.channels[0]
         arena = self._cost_arena()
@@ -541,10 +333,11 @@ class ProcessInstance:
         return message[1]  # type: ignore[no-any-return]
 
     def _cost_arena(self) -> Arena:
-        arena = getattr(self, "_cost_inputs", None)
-        if arena is None or getattr(self, "_cost_generation", -1) != self._generation:
+        """The inputs arena of the control channel (a new one for each new process)."""
+        arena = self._cost_inputs
+        if arena is None or self._cost_generation != self.worker.generation:
             arena = self._cost_inputs = Arena()
-            self._cost_generation = self._generation
+            self._cost_generation = self.worker.generation
         return arena
 
     # -- streams -----------------------------------------------------------------------
@@ -568,7 +361,7 @@ class ProcessInstance:
             inputs = assemble(requests, self.config)
         except NereidError as exc:
             return BatchOutcome(None, exc, 0, 0, 0)
-        slot = self._take_slot()
+        slot = self.worker.take_slot()
         try:
             message = self._exchange(slot, "stream", inputs, self._parameters(requests))
             while message[0] != "end":
@@ -587,5 +380,5 @@ class ProcessInstance:
         except NereidError as exc:
             return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         finally:
-            self._release(slot)
+            self.worker.release(slot)
         return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
