@@ -16,6 +16,7 @@ dims = [1]
 [[instance_group]]
 count = 2
 kind = "{kind}"
+isolation = "{isolation}"
 """
 
 MODEL = """
@@ -28,7 +29,7 @@ class Model:
 
     def infer(self, inputs):
         x = torch.as_tensor(inputs["INPUT0"]).to(self.device)
-        return {"OUTPUT0": x * 2, "DEVICE": [self.name] * x.shape[0]}  # a CUDA tensor out
+        return {"OUTPUT0": x * 2, "DEVICE": [[self.name]] * x.shape[0]}  # a CUDA tensor out; DEVICE is [rows, 1]
 """
 
 
@@ -44,7 +45,7 @@ def run(server_url: str) -> tuple[np.ndarray, list[bytes]]:
 
 
 def test_kind_gpu_instances_get_a_cuda_device_and_cuda_outputs_come_back(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
-    repo.add("gpu_model", CONFIG.format(kind="KIND_GPU"), MODEL)
+    repo.add("gpu_model", CONFIG.format(kind="KIND_GPU", isolation="thread"), MODEL)
     server = serve(repo.root)
     outputs, devices = run(server.url)
     np.testing.assert_array_equal(outputs, np.full((2, 4), 2, np.float32))
@@ -52,7 +53,7 @@ def test_kind_gpu_instances_get_a_cuda_device_and_cuda_outputs_come_back(serve, 
 
 
 def test_kind_auto_picks_the_gpu_when_one_is_visible(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
-    repo.add("gpu_model", CONFIG.format(kind="KIND_AUTO"), MODEL)
+    repo.add("gpu_model", CONFIG.format(kind="KIND_AUTO", isolation="thread"), MODEL)
     server = serve(repo.root)
     client = httpclient.InferenceServerClient(server.url)
     config = client.get_model_config("gpu_model")
@@ -60,3 +61,11 @@ def test_kind_auto_picks_the_gpu_when_one_is_visible(serve, repo: RepoBuilder) -
     assert [group["kind"] for group in config["instance_group"]] == ["KIND_GPU"]
     _, devices = run(server.url)
     assert devices[0].startswith(b"cuda:")
+
+
+def test_process_instances_set_their_cuda_device_in_their_own_process(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
+    repo.add("gpu_model", CONFIG.format(kind="KIND_GPU", isolation="process"), MODEL)
+    server = serve(repo.root)
+    outputs, devices = run(server.url)
+    np.testing.assert_array_equal(outputs, np.full((2, 4), 2, np.float32))  # a CUDA tensor, moved by the worker
+    assert all(device.startswith(b"cuda:") for device in devices)
