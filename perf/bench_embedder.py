@@ -224,6 +224,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds of (offline limit, c=64, c=1), interleaved; medians are reported (default 3)")
     parser.add_argument("--http-server", default=None, help="nereid's HTTP engine (default: the server's, native)")
+    parser.add_argument("--isolation", default="thread", choices=("thread", "process"),
+                        help="the model's instances: threads of the server (default) or processes")
     parser.add_argument("--warmup", type=float, default=3.0,
                         help="seconds of untimed full batches offline before the first round (default 3)")
     args = parser.parse_args()
@@ -234,6 +236,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="nereid-embedder-"))
     repo = work / "repo"
     shutil.copytree(MODEL_DIR, repo / "text_embedder", ignore=shutil.ignore_patterns("__pycache__"))
+    if args.isolation != "thread":  # the example's config, its instances in processes of their own
+        config = repo / "text_embedder" / "config.toml"
+        config.write_text(config.read_text() + f'\n[[instance_group]]\nkind = "KIND_CPU"\nisolation = "{args.isolation}"\n')
     data = work / "sentences.json"
     data.write_text(json.dumps({"data": [{"TEXT": {"content": [s], "shape": [1]}} for s in SENTENCES]}))
     port = free_port()
