@@ -2,10 +2,9 @@
 
 Forms batches from the model's queue and hands them to idle instances; each instance
 slot, when free, forms its own next batch, so instances never fragment each other's
-batches. The decisions live in request_queue.py (pure); time in clock.py; each request
-waits as a ``Pending`` record and is answered through its ``Answer`` (pending.py); the
-instances sit behind a small protocol. Batches generic payloads (model_loader.batcher_for
-makes one for a model's InferRequests); knows nothing about HTTP or JSON.
+batches. Decisions: request_queue.py (pure); time: clock.py; each request waits as a
+``Pending`` answered through its ``Answer`` (pending.py); instances sit behind a small
+protocol. Generic payloads (model_loader.batcher_for: InferRequests); no HTTP, no JSON.
 """
 
 from __future__ import annotations

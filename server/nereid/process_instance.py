@@ -90,7 +90,7 @@ class ProcessInstance:
         self.name = context.instance_name
         batching = config.dynamic_batching
         self.capacity = batching.max_concurrent_batches if batching is not None else 1
-        self.timeout_s = config.execution_timeout_ms / 1000 if getattr(config, "execution_timeout_ms", 0) else None
+        self.timeout_s = config.execution_timeout_ms / 1000 if config.execution_timeout_ms else None
         #: the batcher leaves the execution timeout to this instance (it kills its process).
         self.enforces_timeout = True
         self.model_class: ModelClass | None = None

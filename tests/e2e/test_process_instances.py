@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -157,10 +158,7 @@ def test_no_process_outlives_the_server(fragile: RunningServer) -> None:
     workers = children(fragile)
     assert workers
     assert fragile.stop() == 0
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in workers):
-        assert time.monotonic() < deadline, "a worker process outlived the server"
-        time.sleep(0.05)
+    wait_until(lambda: not any(_alive(pid) for pid in workers), "a worker process outlived the server")
 
 
 def test_no_process_outlives_a_killed_server(fragile: RunningServer) -> None:
@@ -169,10 +167,7 @@ def test_no_process_outlives_a_killed_server(fragile: RunningServer) -> None:
     fragile.process.kill()
     fragile.process.wait()
     fragile.stopped = True
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in workers):
-        assert time.monotonic() < deadline, "a worker process outlived its killed server"
-        time.sleep(0.05)
+    wait_until(lambda: not any(_alive(pid) for pid in workers), "a worker process outlived its killed server")
 
 
 def _alive(pid: int) -> bool:
@@ -223,11 +218,13 @@ def status(server: RunningServer, path: str) -> int:
         return int(exc.code)
 
 
-def wait_until(condition: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
+def wait_until(condition: Callable[[], bool], what: str, polls: int = 1500) -> None:
+    """Poll ``condition`` (every 20 ms, at most ``polls`` times) until it holds."""
+    for _ in range(polls):
+        if condition():
+            return
         time.sleep(0.02)
+    pytest.fail(f"not within {polls} polls: {what}")
 
 
 def test_a_thread_instance_stuck_past_its_timeout_fails_its_batch_and_leaves_rotation(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
