@@ -80,10 +80,14 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc))
-        raise StartupError(f"cannot listen on {where}: {reason}") from exc
+        raise _listen_error(where, exc) from exc
     sock.setblocking(False)
     return sock
+
+
+def _listen_error(where: str, exc: OSError) -> StartupError:
+    reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc))
+    return StartupError(f"cannot listen on {where}: {reason}")
 
 
 class Server(InProcessServer):
@@ -131,7 +135,13 @@ class Server(InProcessServer):
             raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
         listener: socket.socket | None = None
         fd = options.http_fd
-        if fd is None:
+        if fd is None and engine == "native":
+            # The native engine listens itself (its loop's own socket served faster than one
+            # handed over) and says where; this probe makes a busy port one line before
+            # anything else starts.
+            _listen(options.http_address, options.http_port).close()
+            where = ""
+        elif fd is None:
             listener = _listen(options.http_address, options.http_port)
             fd = listener.fileno()
             host, port = listener.getsockname()[:2]
@@ -141,7 +151,8 @@ class Server(InProcessServer):
                 listener, fd = None, None
         else:
             where = f"fd {fd}"
-        _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
+        if where:
+            _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
         metrics = await self._start_metrics()
         try:
             if engine == "native":
@@ -188,8 +199,26 @@ class Server(InProcessServer):
         server = NativeServer(
             self.app, max_request_size=options.max_request_size, graceful_timeout=options.exit_timeout_secs
         )
-        assert self._shutdown is not None and fd is not None
-        await server.serve(self._shutdown, fd=fd)
+        assert self._shutdown is not None
+        where = f"fd {fd}" if fd is not None else f"{options.http_address}:{options.http_port}"
+
+        bound = False
+
+        def listening(listener: asyncio.AbstractServer) -> None:
+            nonlocal bound
+            bound = True
+            if fd is None:  # the port actually bound (0 picks one)
+                host, port = list(listener.sockets)[0].getsockname()[:2]  # type: ignore[attr-defined]
+                _log.info("nereid serving %s on %s:%d (HTTP engine: native)", options.model_repository, host, port)
+
+        try:
+            await server.serve(
+                self._shutdown, host=options.http_address, port=options.http_port, fd=fd, on_listening=listening
+            )
+        except OSError as exc:
+            if not bound:  # a busy port, a bad address: one line, before any model loads
+                raise _listen_error(where, exc) from exc
+            raise
 
     async def _serve_uvicorn(self, fd: int | None) -> None:
         import uvicorn
