@@ -203,6 +203,17 @@ def repo(tmp_path: Path) -> RepoBuilder:
     return RepoBuilder(root)
 
 
+def wait_until(condition: Callable[[], object], what: str, polls: int = 1500, every: float = 0.02) -> None:
+    """Poll ``condition`` (every ``every`` seconds, at most ``polls`` times) until it is
+    true; fail with ``what`` otherwise. For waiting on another process (a server's log, a
+    model's state): it bounds the wait without asserting on the clock."""
+    for _ in range(polls):
+        if condition():
+            return
+        time.sleep(every)
+    pytest.fail(f"not within {polls} polls: {what}")
+
+
 # -- servers ------------------------------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from nereid.batcher import DynamicBatcher
 from nereid.errors import InternalError, UnavailableError
 from nereid.stats import ModelStats
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server, wait_until
 
 #: What each INPUT0 value (its first element) makes the model raise; 0 raises nothing.
 RAISES = {
@@ -239,10 +238,7 @@ def test_a_base_exception_in_close_does_not_stop_the_unload(server: RunningServe
     client = httpclient.InferenceServerClient(server.url, network_timeout=30)
     try:
         client.unload_model("async_m")
-        deadline = time.monotonic() + 20
-        while client.is_model_ready("async_m"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: not client.is_model_ready("async_m"), "async_m unloaded", polls=400, every=0.05)
         client.load_model("async_m")
         assert client.is_model_ready("async_m")
     finally:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,7 +31,7 @@ from nereid.http.generate import GenerateHandler
 from nereid.model_manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.repository import read_model
-from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port
+from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, wait_until
 
 ENGINES = ["native", "uvicorn"]
 LONG = "m" * 300
@@ -138,17 +137,17 @@ def start_patched(repository: Path, tmp_path: Path, engine: str) -> RunningServe
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
     server = RunningServer(process, port, log_path)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def ready() -> bool:
         assert process.poll() is None, server.log()
         try:
             with urllib.request.urlopen(server.http + "/v2/health/ready", timeout=1) as response:
-                if response.status == 200:
-                    return server
+                return bool(response.status == 200)
         except OSError:
-            pass
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.05)
+            return False
+
+    wait_until(ready, f"the patched server ready (its log: {log_path})", polls=1200, every=0.05)
+    return server
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -4,14 +4,13 @@ do not flood the log. Outputs that do not match the config are errors too."""
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, wait_until
 
 FAILING = """
 class Model:
@@ -40,13 +39,10 @@ def failure(server: RunningServer, model: str, **kwargs: object) -> str:
     return str(caught.value.message())
 
 
-def wait_for_log(server: RunningServer, text: str, timeout: float = 10.0) -> str:
+def wait_for_log(server: RunningServer, text: str) -> str:
     """The log once it holds ``text`` (the server writes it from another process)."""
-    deadline = time.monotonic() + timeout
-    while text not in (log := server.log()):
-        assert time.monotonic() < deadline, f"{text!r} not in the log:\n{log}"
-        time.sleep(0.02)
-    return log
+    wait_until(lambda: text in server.log(), f"{text!r} in the log {server.log_path}", polls=500)
+    return server.log()
 
 
 def test_an_exception_in_infer_is_logged_once_with_its_traceback(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer, start_server
+from tests.conftest import RepoBuilder, RunningServer, start_server, wait_until
 
 PROCESS = """
 [[instance_group]]
@@ -351,11 +350,9 @@ def test_warmup_runs_in_the_process_before_the_model_is_ready(server: RunningSer
 
 def test_an_async_model_runs_max_concurrent_batches_at_once(server: RunningServer) -> None:
     ones = np.ones((1, 4), np.float32)
-    started = time.monotonic()
     results = concurrently([lambda: infer(server, "concurrent", ones)] * 2)
-    for result in results:  # each batch saw the other one running
+    for result in results:  # each batch saw the other one running (2): they ran at once
         np.testing.assert_array_equal(result, np.full((1, 4), 2, np.float32))
-    assert time.monotonic() - started < 10
 
 
 def test_string_inputs_and_outputs(server: RunningServer) -> None:
@@ -403,10 +400,8 @@ def test_unloading_calls_close_in_the_process_and_ends_it(server: RunningServer)
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     try:
         client.unload_model("closing")
-        deadline = time.monotonic() + 20
-        while client.is_model_ready("closing") or len(workers(server)) != len(before) - 1:
-            assert time.monotonic() < deadline, f"workers before: {before}, now: {workers(server)}"
-            time.sleep(0.05)
+        wait_until(lambda: not client.is_model_ready("closing") and len(workers(server)) == len(before) - 1,
+                   f"the model unloaded and its worker ended (workers before: {before})", polls=400, every=0.05)
     finally:
         client.close()
     assert (folder(server, "closing") / "closed").read_text() == "closed"

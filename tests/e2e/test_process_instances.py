@@ -7,18 +7,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, wait_until
 
 PROCESS = IDENTITY_CONFIG + """
 [dynamic_batching]
@@ -216,15 +214,6 @@ def status(server: RunningServer, path: str) -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-
-
-def wait_until(condition: Callable[[], bool], what: str, polls: int = 1500) -> None:
-    """Poll ``condition`` (every 20 ms, at most ``polls`` times) until it holds."""
-    for _ in range(polls):
-        if condition():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"not within {polls} polls: {what}")
 
 
 def test_a_thread_instance_stuck_past_its_timeout_fails_its_batch_and_leaves_rotation(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
