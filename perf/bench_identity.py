@@ -10,11 +10,15 @@ and the throughput (infer/sec) and p50/p99 latency (microseconds) are read from 
     .venv/bin/python perf/bench_identity.py --triton --repeats 3 # nereid vs Triton, interleaved
     .venv/bin/python perf/bench_identity.py --only-triton        # Triton alone
     .venv/bin/python perf/bench_identity.py --smoke              # concurrency 4, a few seconds
+    .venv/bin/python perf/bench_identity.py --baseline-cmd CMD   # this build vs another, interleaved
 
 Triton is real tritonserver 2.51 (Python backend) started by
 ../shared/tools/triton-anchor serve ../shared/tools/triton_repo (run
 ``triton-anchor setup`` once first). With --triton the runs are interleaved (for each repeat
-and level: nereid, then Triton), and the medians and nereid/Triton ratios are printed.
+and level: nereid, then Triton, the order flipped every other repeat), and the medians and
+nereid/Triton ratios are printed, with each server's CPU time per inference (read from
+/proc for its process group, over the model's success count), which a busy machine
+disturbs far less than throughput. --baseline-cmd compares two nereid builds the same way.
 
 Standard library only. Exit status: 0 all runs succeeded; 1 a server did not start or a run
 failed; 2 perf_analyzer is not installed (the test suite skips on 2); 130 interrupted.
@@ -190,6 +194,36 @@ class Server:
             self._log_file.close()
             self._log_file = None
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by every process of the server's process
+        group (the server, and Triton's backend stubs or nereid's worker processes)."""
+        if self.proc is None:
+            return float("nan")
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
+            if int(fields[2]) == self.proc.pid:  # pgrp
+                total += int(fields[11]) + int(fields[12])  # utime + stime, ticks
+        return total / tick
+
+    def success_count(self) -> float:
+        """The model's successful inferences so far, from the statistics extension."""
+        url = f"http://{self.url}/v2/models/{MODEL}/stats"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = json.load(r)
+            return float(body["model_stats"][0]["inference_stats"]["success"]["count"])
+        except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
+            return float("nan")
+
     def log_tail(self, lines: int = 25) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -201,11 +235,12 @@ class Server:
 class Nereid(Server):
     name = "nereid"
 
-    def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
+    def __init__(self, log_dir: Path, args: argparse.Namespace, cmd: str | None = None) -> None:
         super().__init__(log_dir)
         self.args = args
+        self.cmd = cmd if cmd is not None else args.nereid_cmd
         self.metrics_port = free_port()
-        self.model_repo = log_dir / "model_repository"
+        self.model_repo = log_dir / f"model_repository_{self.name}"
         model_dir = self.model_repo / MODEL
         model_dir.mkdir(parents=True)
         (model_dir / "config.toml").write_text(
@@ -214,8 +249,8 @@ class Nereid(Server):
         (model_dir / "model.py").write_text(MODEL_PY)
 
     def command(self) -> list[str]:
-        if self.args.nereid_cmd:
-            base = self.args.nereid_cmd.split()
+        if self.cmd:
+            base = self.cmd.split()
         elif (REPO / ".venv" / "bin" / "nereid").exists():
             base = [str(REPO / ".venv" / "bin" / "nereid")]
         else:
@@ -231,6 +266,15 @@ class Nereid(Server):
         for extra in self.args.nereid_arg:
             cmd += extra.split()
         return cmd
+
+
+class Baseline(Nereid):
+    """Another nereid build (``--baseline-cmd``), measured interleaved with this one."""
+
+    name = "baseline"
+
+    def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
+        super().__init__(log_dir, args, cmd=args.baseline_cmd)
 
 
 class Triton(Server):
@@ -274,6 +318,7 @@ class Run:
     seconds: float = 0.0
     stability: float = float("nan")  # the -s that was used
     load1: float = float("nan")  # the machine's 1-minute load average when the run began
+    cpu_us: float = float("nan")  # the server's CPU time per successful inference, microseconds
     error: str = ""
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -324,8 +369,12 @@ def run_level(
     stability = float(args.stability_percentage)
     for attempt in range(args.retries + 1):
         load1 = os.getloadavg()[0]
+        cpu0, count0 = server.cpu_seconds(), server.success_count()
         r = run_perf_analyzer(args, server, concurrency, repeat, work, stability, attempt)
+        cpu1, count1 = server.cpu_seconds(), server.success_count()
         r.load1 = load1
+        if count1 > count0:
+            r.cpu_us = (cpu1 - cpu0) / (count1 - count0) * 1e6
         if r.ok or "stable measurement" not in r.error or attempt == args.retries:
             return r
         log(f"{server.name} c={concurrency}: no stable measurement within -s {stability:g}; "
@@ -412,6 +461,7 @@ def summarize(
                 "throughput": median([r.throughput for r in ok]),
                 "p50_us": median([r.p50_us for r in ok]),
                 "p99_us": median([r.p99_us for r in ok]),
+                "cpu_us": median([r.cpu_us for r in ok]),
                 "throughput_all": [round(r.throughput, 1) for r in ok],
                 "relaxed": any(r.stability > args_stability for r in ok),
             })
@@ -419,31 +469,37 @@ def summarize(
 
 
 def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[int]) -> None:
-    head = f"{'server':<8} {'conc':>5} {'infer/s':>10} {'p50 us':>9} {'p99 us':>9} {'runs':>5}"
-    compare = "nereid" in servers and "triton" in servers
-    if compare:
-        head += f"  {'thr ratio':>9} {'p50 ratio':>9} {'p99 ratio':>9}"
+    """One line per server and level; the ratios compare nereid with the other server run
+    (Triton or, with --baseline-cmd, another nereid build). ``cpu us``: the server's CPU time
+    per successful inference, less sensitive to a busy machine than throughput."""
+    head = (f"{'server':<8} {'conc':>5} {'infer/s':>10} {'p50 us':>9} {'p99 us':>9} "
+            f"{'cpu us':>7} {'runs':>5}")
+    others = [s for s in servers if s != "nereid"]
+    reference = others[0] if "nereid" in servers and others else None
+    if reference:
+        head += f"  {'thr ratio':>9} {'p50 ratio':>9} {'p99 ratio':>9} {'cpu ratio':>9}"
     print(head)
     print("-" * len(head))
     by = {(r["server"], r["concurrency"]): r for r in rows}
+    keys = ("throughput", "p50_us", "p99_us", "cpu_us")
     for c in levels:
         for s in servers:
             r = by[(s, c)]
             line = (f"{s:<8} {c:>5} {fmt(r['throughput'], 1):>10} {fmt(r['p50_us']):>9} "  # type: ignore[arg-type]
-                    f"{fmt(r['p99_us']):>9} {r['runs_ok']:>2}/{r['runs']:<1}"  # type: ignore[arg-type]
-                    f"{'~' if r['relaxed'] else ' '}")
-            if compare and s == "nereid":
-                t = by[("triton", c)]
+                    f"{fmt(r['p99_us']):>9} {fmt(r['cpu_us']):>7} "  # type: ignore[arg-type]
+                    f"{r['runs_ok']:>2}/{r['runs']:<1}{'~' if r['relaxed'] else ' '}")
+            if reference and s == "nereid":
+                t = by[(reference, c)]
                 ratios = [
                     float(r[k]) / float(t[k]) if float(t[k]) else float("nan")  # type: ignore[arg-type]
-                    for k in ("throughput", "p50_us", "p99_us")
+                    for k in keys
                 ]
                 line += "  " + " ".join(f"{fmt(x, 2):>9}" for x in ratios)
             print(line)
     if any(r["relaxed"] for r in rows):
         print("~: some runs only stabilised with a wider perf_analyzer -s (see --retries)")
-    if compare:
-        print("ratios are nereid / Triton: throughput > 1 and latency < 1 favour nereid")
+    if reference:
+        print(f"ratios are nereid / {reference}: throughput > 1 and latency, cpu < 1 favour nereid")
     sys.stdout.flush()
 
 
@@ -474,6 +530,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="command that runs nereid (unset: .venv/bin/nereid, else python -m nereid)")
     p.add_argument("--nereid-arg", action="append", default=[],
                    help="extra argument(s) for `nereid serve` (repeatable)")
+    p.add_argument("--baseline-cmd", default=None,
+                   help="command that runs another nereid build, measured interleaved with this "
+                        "one (e.g. 'env PYTHONPATH=/tmp/old/server .venv/bin/python -m nereid')")
     p.add_argument("--triton", action="store_true",
                    help="also measure real Triton, interleaved with nereid")
     p.add_argument("--only-triton", action="store_true", help="measure Triton only")
@@ -525,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     if not args.only_triton:
         servers.append(Nereid(work, args))
+    if args.baseline_cmd:
+        servers.append(Baseline(work, args))
     if args.triton or args.only_triton:
         servers.append(Triton(work, args))
     names = [s.name for s in servers]
@@ -542,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.repeats} repeat(s); window {args.measurement_interval} ms; work dir {work}")
         for rep in range(args.repeats):
             for c in args.levels:
-                for s in servers:  # interleaved: nereid, Triton, next level ...
+                # interleaved: nereid, Triton, next level ...; the order flips every repeat
+                # (whoever runs first at a level has been seen to fare differently)
+                for s in (servers if rep % 2 == 0 else servers[::-1]):
                     r = run_level(args, s, c, rep, work)
                     runs.append(r)
                     if r.ok:

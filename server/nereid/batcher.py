@@ -163,12 +163,14 @@ class DynamicBatcher:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def aclose(self, drain_timeout: float | None = None) -> None:
+    async def aclose(self, drain_timeout: float | None = None) -> bool:
         """Stop taking requests; run what was already accepted (queued ones too, without
         waiting out the queue delay); then stop the workers. After ``drain_timeout``
-        seconds whatever is still queued fails with UnavailableError."""
+        seconds whatever is still queued or running fails with UnavailableError and the
+        batches still in the model are abandoned: returns False then, True when all
+        finished."""
         if self._closed:
-            return
+            return True
         self._closed = True
         wake(self._arrival)
         done, pending = await asyncio.wait(self._workers, timeout=drain_timeout) if self._workers else (set(), set())
@@ -181,6 +183,7 @@ class DynamicBatcher:
             for item in decision.batch + decision.expired:
                 self._fail(item, UnavailableError(f"model '{self.model_name}' was unloaded"))
         self._workers.clear()
+        return not pending
 
     # -- the three ways in: each queues a Pending with its own kind of Answer ---------------
 
@@ -265,6 +268,11 @@ class DynamicBatcher:
             self._executing += 1
             try:
                 await self._execute(instance, batch)
+            except asyncio.CancelledError:  # aclose gave up on it: its requests get an answer
+                for pending in batch:
+                    self._fail(pending, UnavailableError(
+                        f"model '{self.model_name}' was unloaded while this request ran in it"))
+                raise
             finally:
                 self._executing -= 1
 
@@ -324,10 +332,15 @@ class DynamicBatcher:
             for pending in batch:
                 if not pending.answer.done():
                     await self._execute(instance, (pending,))
+                else:  # withdrawn while its batch ran (its client left): not rerun
+                    self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
             return
         if outcome.error is not None:
             for pending in batch:
-                self._fail(pending, outcome.error, "BACKEND")
+                if pending.answer.done():  # withdrawn while it ran: it failed all the same
+                    self.stats.record_failure(self._clock() - pending.received_ns, "BACKEND")
+                else:
+                    self._fail(pending, outcome.error, "BACKEND")
             return
         assert outcome.outputs is not None
         rows_of = self._rows_of
@@ -341,9 +354,9 @@ class DynamicBatcher:
         order = self._order  # None: answers go out at once, else they may have to wait
         for pending, outputs in zip(batch, outcome.outputs):
             answer = pending.answer
-            if answer.done():
-                continue
-            if order is None:
+            if answer.done():  # withdrawn while it ran (its client left): executed, so counted
+                pass
+            elif order is None:
                 answer.set_result(outputs)
             else:
                 order.answer(pending, True, outputs)

@@ -35,6 +35,23 @@ def _size(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _url_size(text: str) -> int:
+    value = _size(text)
+    if value > 65535:  # httptools' URL parser takes no more
+        raise argparse.ArgumentTypeError(f"expected at most 65535 bytes, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if value is None or not 0 <= value <= 65535:
@@ -80,6 +97,14 @@ _FLAGS = (
     _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),
+    _Flag("--max-request-bytes-in-flight", "max_request_bytes_in_flight", _size, "request body bytes held at once over all connections; past it a new request over 64 KiB gets 503 (default 1 GiB)"),
+    _Flag("--http-max-connections", "http_max_connections", _size, f"open HTTP connections at most; past it 503 and close (default {_DEFAULTS.http_max_connections})"),
+    _Flag("--http-max-url-size", "http_max_url_size", _url_size, f"longest request URL in bytes; past it 414 (default {_DEFAULTS.http_max_url_size})"),
+    _Flag("--http-max-header-count", "http_max_header_count", _size, f"most header lines in a request; past it 431 (default {_DEFAULTS.http_max_header_count})"),
+    _Flag("--http-max-header-size", "http_max_header_size", _size, f"largest request head (request line and headers) in bytes; past it 431 (default {_DEFAULTS.http_max_header_size})"),
+    _Flag("--http-header-timeout-secs", "http_header_timeout_secs", _seconds, f"seconds for a request head to arrive once begun; past it 408 and close (default {_DEFAULTS.http_header_timeout_secs:g})"),
+    _Flag("--http-body-timeout-secs", "http_body_timeout_secs", _seconds, f"seconds a request body, or a client reading its answer, may stall; past it 408 and close (default {_DEFAULTS.http_body_timeout_secs:g})"),
+    _Flag("--http-keepalive-timeout-secs", "http_keepalive_timeout_secs", _seconds, f"seconds an idle keep-alive connection stays open (default {_DEFAULTS.http_keepalive_timeout_secs:g})"),
 )
 
 

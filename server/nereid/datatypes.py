@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["DataType", "DATATYPES", "by_config_name", "by_wire_name", "bfloat16_dtype"]
@@ -43,6 +45,10 @@ class DataType:
     def json_allowed(self) -> bool:
         """FP16 and BF16 have no JSON form in Triton (binary only, both ways)."""
         return self.wire_name not in ("FP16", "BF16")
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Unpickled as the one DataType of its name (checks compare them by identity)."""
+        return _by_wire_name_strict, (self.wire_name,)
 
 
 def _table() -> tuple[DataType, ...]:
@@ -82,3 +88,7 @@ def by_config_name(name: str) -> DataType | None:
 def by_wire_name(name: str) -> DataType | None:
     """``FP32`` / ``BYTES`` (protocol names, exact case) -> DataType."""
     return _BY_WIRE.get(name)
+
+
+def _by_wire_name_strict(name: str) -> DataType:
+    return _BY_WIRE[name]

@@ -392,9 +392,15 @@ class ModelInstance:
             f'model "{model}" raised in infer: {describe_exception(exc)}', model=model
         )
 
-    async def close(self) -> None:
-        """Call the model's ``close()`` (on the instance thread) and stop the threads."""
+    async def close(self, abandoned: bool = False) -> None:
+        """Call the model's ``close()`` (on the instance thread) and stop the threads.
+        ``abandoned``: a batch is still stuck in model code (shutdown gave up on it), so
+        ``close()`` is not called (it would wait behind that batch) and nothing waits."""
         model = self._model
+        if abandoned:
+            self._model = self._infer = self._cost = None
+            await self._threads.stop(0)
+            return
         if model is not None and self.model_class.has_close:
             try:
                 await self._threads.call(model.close)

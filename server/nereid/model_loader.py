@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import time
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -56,6 +57,10 @@ class ModelLoader:
         # __init__ code imports libraries, and some (transformers' lazy modules) are not
         # safe to import from two threads at once. Loading stays off the event loop.
         self._construct_lock = asyncio.Lock()
+        #: at shutdown: when (time.monotonic) unloading stops waiting for model code
+        self.deadline: float | None = None
+        #: "name:version" of the versions whose running batches were abandoned at the deadline
+        self.abandoned: list[str] = []
 
     async def load(self, source: ModelSource, version: VersionSource) -> ServingModel:
         """Import, start every instance, warm up, start the batcher: a ServingModel not yet
@@ -130,11 +135,20 @@ class ModelLoader:
 
     async def close(self, serving: ServingModel) -> None:
         """Stop taking requests, let accepted ones finish (the batcher drains its queue and
-        running batches), close the instances, and only then forget the model's modules."""
+        running batches), close the instances, and only then forget the model's modules.
+        Past ``deadline`` (set at shutdown) batches still in the model are abandoned:
+        their requests fail, the version is listed in ``abandoned`` and its instances
+        close without waiting for model code."""
         serving.retired = True
-        await serving.batcher.aclose()
+        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        if not await serving.batcher.aclose(timeout):
+            self.abandoned.append(f"{serving.name}:{serving.version}")
+            _log.error(
+                "model '%s' version %d: a batch was still running in model code at the exit timeout "
+                "(--exit-timeout-secs); abandoned, its requests failed", serving.name, serving.version,
+            )
         for instance in serving.instances:
-            await instance.close()
+            await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
         MODEL_FAULTS.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
         unload_model_module(serving.model_class)
 

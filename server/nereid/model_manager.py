@@ -133,6 +133,18 @@ class ModelManager:
         """The same as ``aclose()`` (the app's lifespan calls this name)."""
         await self.aclose()
 
+    def set_shutdown_deadline(self, deadline: float) -> None:
+        """Unloading stops waiting for model code at ``deadline`` (``time.monotonic``):
+        batches still running then are abandoned (``abandoned``). Server.shutdown sets it
+        from --exit-timeout-secs."""
+        if isinstance(self._loader, ModelLoader):
+            self._loader.deadline = deadline
+
+    @property
+    def abandoned(self) -> list[str]:
+        """``name:version`` of the versions whose running batches were abandoned."""
+        return list(self._loader.abandoned) if isinstance(self._loader, ModelLoader) else []
+
     @property
     def startup_done(self) -> bool:
         return self._startup_done

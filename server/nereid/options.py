@@ -43,3 +43,17 @@ class ServerOptions:
     #: JSON header limit, tritonserver's --http-max-input-size (64 MiB).
     http_max_input_size: int = 64 * 1024 * 1024
     allow_client_shm: bool = True
+    #: bytes of request bodies received and not yet answered, over all connections.
+    max_request_bytes_in_flight: int = 1024 * 1024 * 1024
+    #: request head limits (414 / 431 past them).
+    http_max_url_size: int = 16 * 1024
+    http_max_header_count: int = 100
+    http_max_header_size: int = 64 * 1024
+    #: a request head must be complete this long after it began (408 and close).
+    http_header_timeout_secs: float = 30.0
+    #: a request body (or a client reading its answers) may stall this long (408 and close).
+    http_body_timeout_secs: float = 60.0
+    #: an idle keep-alive connection is closed after this long.
+    http_keepalive_timeout_secs: float = 75.0
+    #: open connections at most (503 and close past it).
+    http_max_connections: int = 10_000

@@ -132,8 +132,11 @@ class ProcessInstance:
         if traits["has_batch_size"]:
             self._cost = self._remote_batch_size
 
-    async def close(self) -> None:
-        """Ask the process to close the model and exit (killed after a grace period)."""
+    async def close(self, abandoned: bool = False) -> None:
+        """Ask the process to close the model and exit (killed after a grace period; at
+        once when ``abandoned``: a batch is stuck in it)."""
+        if abandoned:
+            self.worker.kill()
         await self.worker.close()
         await self._threads.stop(1.0)
 

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import errno
 import logging
+import math
 import os
 import signal
 import socket
 import sys
-
+import time
 from typing import Any, Iterator
 
 from nereid.http import create_app
@@ -90,6 +91,33 @@ def _listen_error(where: str, exc: OSError) -> StartupError:
     return StartupError(f"cannot listen on {where}: {reason}")
 
 
+#: Open files the server needs beside its connections (models, logs, worker pipes).
+_FILES_BESIDES_CONNECTIONS = 256
+
+
+def _fit_open_file_limit(connections: int) -> None:
+    """Raise the soft open-file limit so that ``connections`` (--http-max-connections)
+    fit (within the hard limit); warn when they cannot: past the limit the kernel refuses
+    new connections with nothing to tell the client."""
+    import resource
+
+    need = connections + _FILES_BESIDES_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            _log.warning(
+                "--http-max-connections %d needs about %d open files, but the limit is %d (ulimit -n); "
+                "connections past about %d will be refused by the kernel, not answered",
+                connections, need, soft, max(0, soft - _FILES_BESIDES_CONNECTIONS),
+            )
+
+
 class Server(InProcessServer):
     """One nereid server: the in-process server (``infer``, ``stream``, ``with`` /
     ``async with``) plus HTTP.
@@ -121,7 +149,8 @@ class Server(InProcessServer):
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe to call from a signal handler on the loop)."""
-        if self._shutdown is not None:
+        if self._shutdown is not None and not self._shutdown.is_set():
+            self.manager.set_shutdown_deadline(time.monotonic() + self.options.exit_timeout_secs)
             self._shutdown.set()
 
     async def serve(self) -> None:
@@ -151,6 +180,7 @@ class Server(InProcessServer):
                 listener, fd = None, None
         else:
             where = f"fd {fd}"
+        _fit_open_file_limit(options.http_max_connections)
         if where:
             _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
         metrics = await self._start_metrics()
@@ -193,11 +223,12 @@ class Server(InProcessServer):
         return listener
 
     async def _serve_native(self, fd: int | None) -> None:
+        from nereid.http.connection_limits import ConnectionLimits
         from nereid.http.native import NativeServer
 
         options = self.options
         server = NativeServer(
-            self.app, max_request_size=options.max_request_size, graceful_timeout=options.exit_timeout_secs
+            self.app, limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs
         )
         assert self._shutdown is not None
         where = f"fd {fd}" if fd is not None else f"{options.http_address}:{options.http_port}"
@@ -237,6 +268,9 @@ class Server(InProcessServer):
             date_header=False,
             proxy_headers=False,  # nereid is not behind a proxy by default; saves a layer per request
             timeout_graceful_shutdown=int(options.exit_timeout_secs),
+            # the limits uvicorn has (README, "Limits on other engines")
+            timeout_keep_alive=max(1, math.ceil(options.http_keepalive_timeout_secs)),
+            limit_concurrency=options.http_max_connections,
         )
         server = _quiet_uvicorn(config)
         assert self._shutdown is not None
@@ -258,6 +292,10 @@ class Server(InProcessServer):
         config.errorlog = logging.getLogger("nereid.hypercorn")
         config.graceful_timeout = options.exit_timeout_secs
         config.include_server_header = False
+        # the limits hypercorn has (README, "Limits on other engines")
+        config.keep_alive_timeout = options.http_keepalive_timeout_secs
+        config.h11_max_incomplete_size = options.http_max_header_size
+        config.read_timeout = math.ceil(options.http_body_timeout_secs)
         assert self._shutdown is not None
         await serve(self.app, config, shutdown_trigger=self._shutdown.wait)  # type: ignore[arg-type]
 
@@ -287,7 +325,9 @@ class Server(InProcessServer):
         watcher.cancel()
 
     def run(self) -> int:
-        """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM."""
+        """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM;
+        the exit status (1: the port could not be bound). When shutdown had to abandon a
+        batch stuck in model code, the process exits here with status 1."""
         options = self.options
         configure_logging(
             options.log_verbose, options.log_format,
@@ -310,6 +350,14 @@ class Server(InProcessServer):
         except StartupError as exc:
             print(f"nereid: {exc}", file=sys.stderr)
             return 1
+        if self.manager.abandoned:
+            # A thread may still be stuck in model code: exit now rather than let the
+            # interpreter's shutdown meet it (nothing else is left to run).
+            _log.error("exiting with status 1: work abandoned in %s (see above)", ", ".join(self.manager.abandoned))
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         return 0
 
 

@@ -197,6 +197,14 @@ class WorkerProcess:
             if self._closing:
                 return
 
+    def kill(self) -> None:
+        """Kill the process now, for good (shutdown gave up on a batch stuck in it)."""
+        with self._lock:
+            self._closing = True
+            process = self.process
+        if process is not None:
+            process.kill()
+
     async def close(self) -> None:
         """Ask the process to close the model and exit (killed after a grace period)."""
         with self._lock:

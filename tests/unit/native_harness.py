@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nereid.http.app import NereidApp
+from nereid.http.connection_limits import ConnectionLimits
 from nereid.http.native import NativeServer
 from nereid.http.native_connection import Connection
 
@@ -30,6 +31,7 @@ class FakeTransport:
         self.writes = 0
         self.reading = True
         self.closed = False
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         assert not self.closed, "write after close"
@@ -44,6 +46,10 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+        self.aborted = True
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50123)}.get(name, default)
@@ -123,11 +129,12 @@ class NativeHarness:
     """One Connection of a NativeServer on a FakeTransport, inside a running loop.
     ``match_repeats=False``: every request goes through the parser (the reference path)."""
 
-    def __init__(self, *, match_repeats: bool = True, max_request_size: int = 1 << 20) -> None:
+    def __init__(self, *, match_repeats: bool = True, max_request_size: int = 1 << 20, **limits: Any) -> None:
         self.endpoints = StubEndpoints()
         app = NereidApp(starlette=stub_asgi, endpoints=self.endpoints)  # type: ignore[arg-type]
-        self.server = NativeServer(app, max_request_size=max_request_size, graceful_timeout=1.0,
-                                   match_repeats=match_repeats)
+        self.time = 100.0  # the server's clock: moved by ``advance`` only
+        self.server = NativeServer(app, limits=ConnectionLimits(max_request_size=max_request_size, **limits),
+                                   graceful_timeout=1.0, match_repeats=match_repeats, clock=lambda: self.time)
         self.server.loop = asyncio.get_running_loop()
         self.transport = FakeTransport()
         self.connection = Connection(self.server)
@@ -161,6 +168,11 @@ class NativeHarness:
                 continue
             return
         raise AssertionError("the connection never settled")
+
+    def advance(self, seconds: float) -> None:
+        """Move the server's clock on and let it sweep its connections' timers."""
+        self.time += seconds
+        self.server.sweep()
 
     def lose(self) -> None:
         """The client goes away."""

@@ -365,7 +365,7 @@ def test_over_a_socket_repeats_written_one_at_a_time_take_the_shortcut() -> None
     # so each is one read from a message boundary.
     async def check() -> None:
         app = NereidApp(starlette=stub_asgi, endpoints=StubEndpoints())  # type: ignore[arg-type]
-        server = NativeServer(app, max_request_size=1 << 20, graceful_timeout=1.0)
+        server = NativeServer(app, graceful_timeout=1.0)
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen()  # connections wait in the backlog until the server accepts

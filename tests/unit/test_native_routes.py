@@ -13,7 +13,7 @@ from nereid.http.native import _MAX_ROUTES, NativeServer
 
 def native_server() -> NativeServer:
     app = NereidApp(starlette=None, endpoints=None)  # type: ignore[arg-type]  # routing needs neither
-    return NativeServer(app, max_request_size=1 << 20, graceful_timeout=1.0)
+    return NativeServer(app, graceful_timeout=1.0)
 
 
 @pytest.mark.parametrize("url, route", [

@@ -174,6 +174,7 @@ def create_app(
             if not task.done():
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await endpoints.infer_endpoint.aclose()
             await manager.close()
 
     starlette = Starlette(

@@ -36,13 +36,26 @@ def decode_body(body: bytes, content_encoding: str | None, *, max_size: int) -> 
             f"request body with Content-Encoding '{content_encoding}' is empty: nothing to be decompressed"
         )
     inflater = zlib.decompressobj(47)  # 32 + 15: accept both zlib and gzip framing
+    parts: list[bytes] = []
+    size = 0
+    pending: bytes = body
     try:
-        out = inflater.decompress(body, max_size + 1)
+        # In steps: a body past the limit is refused holding only what was inflated (one
+        # call would gather blocks and join them, twice the limit at its peak).
+        while size <= max_size:
+            step = min(_INFLATE_STEP, max_size + 1 - size)
+            part = inflater.decompress(pending, step)
+            parts.append(part)
+            size += len(part)
+            pending = inflater.unconsumed_tail
+            if inflater.eof or (not pending and len(part) < step):
+                break  # the end, or all input taken and no output held back
     except zlib.error as exc:
         raise InvalidInputError(
             f"failed to decompress the request body with Content-Encoding '{content_encoding}': {exc}"
         ) from None
-    if len(out) > max_size:
+    if size > max_size:
+        parts.clear()
         raise InvalidInputError(
             f"request body of more than {max_size} bytes exceeds the maximum allowed size "
             f"({max_size} bytes, --max-request-size)"
@@ -57,8 +70,11 @@ def decode_body(body: bytes, content_encoding: str | None, *, max_size: int) -> 
             f"failed to decompress the request body with Content-Encoding '{content_encoding}': "
             f"{len(inflater.unused_data)} unexpected bytes after the end of the compressed data"
         )
-    return out
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
+
+#: How much ``decode_body`` inflates per step.
+_INFLATE_STEP = 4 << 20
 
 _STRTOD = re.compile(
     r"[ \t\n\v\f\r]*([+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan))",

@@ -6,6 +6,8 @@ parser with a ``Responder``; the ASGI engines (uvicorn, granian, hypercorn) call
 
     start:   decode the body (compression) -> Repeats.parse, else the full parser
              (infer_request) and Repeats.learn_request -> ServingModel.submit
+             (a heavy body, large compressed or large JSON, is decoded off the loop
+             first: heavy_bodies)
     answer:  (called once, on the loop, from the batch that ran it)
              Repeats.answer, else the full encoder (infer_response) and
              Repeats.learn_answer -> Responder.reply_repeat / Responder.reply
@@ -22,6 +24,7 @@ from nereid.errors import InternalError, InvalidInputError, NereidError, Unsuppo
 from nereid.http import infer_response
 from nereid.http._asgi import ClientGone, Receive, Scope, Send, error_parts, read_body, send_error
 from nereid.http.compression import decode_body, parse_accept_encoding
+from nereid.http.heavy_bodies import HeavyBodies
 from nereid.http.infer_request import ShmResolver, parse_infer_body
 from nereid.http.model_codec import CodecCache, ModelCodec
 from nereid.inference import InferRequest, InferResult
@@ -87,7 +90,9 @@ class InferEndpoint:
         self.manager = manager
         self.options = options
         self.codecs = CodecCache()
+        self.heavy = HeavyBodies()
         self._shm = shm
+        self._decoding: set[asyncio.Task[None]] = set()
 
     def start(
         self,
@@ -101,6 +106,8 @@ class InferEndpoint:
         """Parse and queue one infer request now; ``responder`` is called once, on the
         loop, with its answer (at once for a bad request). Returns the ticket to withdraw
         if the client goes away first (None when already answered). Never raises."""
+        if HeavyBodies.is_heavy(body, headers.content_encoding):
+            return self._start_heavy(name, version_text, headers, body, received_ns, responder)
         shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
             call = self._parse(name, version_text, headers, body, shm, responder)
@@ -114,12 +121,16 @@ class InferEndpoint:
             responder.reply(*error_parts(_internal_error(name, exc)))
         return None
 
-    def _parse(
-        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any, responder: Responder
-    ) -> _InferCall:
+    def _serving(self, name: str, version_text: str | None) -> ServingModel:
         serving = self.manager.get(name, parse_version(version_text) if version_text is not None else None)
         if serving.config.decoupled:
             raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
+        return serving
+
+    def _parse(
+        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any, responder: Responder
+    ) -> _InferCall:
+        serving = self._serving(name, version_text)
         codec = self.codecs.get(serving)
         options = self.options
         if headers.content_encoding:
@@ -128,6 +139,62 @@ class InferEndpoint:
             body, headers.header_length, codec, name, serving.version, options.http_max_input_size, shm.resolve
         )
         return _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
+
+    def _start_heavy(
+        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
+        responder: Responder,
+    ) -> Ticket | None:
+        """``start`` for a heavy body: decoded off the loop (heavy_bodies), then queued;
+        the returned ticket withdraws it at whichever stage it is."""
+        started = _HeavyStart()
+        task = asyncio.get_running_loop().create_task(
+            self._decode_heavy(name, version_text, headers, body, received_ns, responder, started)
+        )
+        started.task = task
+        self._decoding.add(task)
+        task.add_done_callback(self._decoding.discard)
+        return started  # type: ignore[return-value]  # a Ticket look-alike
+
+    async def _decode_heavy(
+        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
+        responder: Responder, started: _HeavyStart,
+    ) -> None:
+        shm = self._shm.lease()
+        try:
+            serving = self._serving(name, version_text)
+            codec = self.codecs.get(serving)
+            options = self.options
+            decoded = await self.heavy.decode(
+                body, headers.content_encoding, headers.header_length, codec, name, serving.version,
+                options.max_request_size, options.http_max_input_size,
+            )
+            del body
+            if isinstance(decoded, bytes):
+                request = read_request(
+                    decoded, headers.header_length, codec, name, serving.version, options.http_max_input_size,
+                    shm.resolve,
+                )
+            else:
+                request = decoded
+            call = _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
+            started.ticket = serving.submit(request, received_ns, call.answer)
+        except asyncio.CancelledError:  # withdrawn: the client went away
+            shm.release()
+            raise
+        except NereidError as exc:
+            shm.release()
+            responder.reply(*error_parts(exc))
+        except Exception as exc:  # a bug, or the decode process died: one request fails
+            shm.release()
+            _log.exception("decoding a large infer request for model %r failed unexpectedly", name)
+            responder.reply(*error_parts(_internal_error(name, exc)))
+
+    async def aclose(self) -> None:
+        """Cancel the decoding still running and stop the decode process."""
+        for task in list(self._decoding):
+            task.cancel()
+        await asyncio.gather(*self._decoding, return_exceptions=True)
+        self.heavy.close()
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send, name: str, version_text: str | None) -> None:
         """The same flow for the ASGI engines: the answer comes back to this coroutine,
@@ -239,6 +306,23 @@ class _InferCall:
         payload, headers = infer_response.finish(encoded, self.accept_encoding)
         headers.append((b"content-length", str(len(payload)).encode()))
         return 200, headers, payload
+
+
+class _HeavyStart:
+    """The ticket of a request decoded off the loop: withdrawing it stops the decoding,
+    or withdraws the request once queued."""
+
+    __slots__ = ("task", "ticket")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.ticket: Ticket | None = None
+
+    def withdraw(self) -> None:
+        if self.ticket is not None:
+            self.ticket.withdraw()
+        elif self.task is not None:
+            self.task.cancel()
 
 
 class _AsgiResponder:

@@ -17,17 +17,25 @@ Knows nothing about models: what an infer request means is ``Endpoints``' busine
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from nereid.http.app import NereidApp
 from nereid.http.asgi_bridge import Lifespan
+from nereid.http.connection_limits import BodyBudget, ConnectionLimits
 from nereid.http.native_connection import Connection
 from nereid.http.native_response import encode_repeat_head
 
 __all__ = ["NativeServer", "ShortcutCounters"]
+
+_log = logging.getLogger("nereid")
+
+#: The connection limit is logged at most once per this many seconds.
+_REFUSAL_LOG_EVERY_S = 60.0
 
 #: URLs whose infer route the server remembers, and reply_repeat heads it keeps encoded
 #: (each cleared when full).
@@ -49,13 +57,23 @@ class NativeServer:
     """Serves a NereidApp on one listening socket until ``shutdown`` is set, then stops
     taking connections, lets requests in flight finish (``graceful_timeout`` seconds at
     most), closes every connection and runs the app's lifespan shutdown.
-    ``match_repeats=False`` sends every request through the parser (no RepeatMatcher)."""
+    ``match_repeats=False`` sends every request through the parser (no RepeatMatcher).
+    ``limits`` are what each client may hold (connection_limits); ``clock`` is read once
+    per sweep into ``now``, the time the connections' timers use."""
 
     def __init__(
-        self, app: NereidApp, *, max_request_size: int, graceful_timeout: float, match_repeats: bool = True
+        self, app: NereidApp, *, limits: ConnectionLimits | None = None, graceful_timeout: float,
+        match_repeats: bool = True, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
-        self.max_request_size = max_request_size
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.body_budget = BodyBudget(self.limits.max_body_bytes_in_flight)
+        self.clock = clock
+        #: the coarse time of the connections' timers (set by ``sweep``)
+        self.now = clock()
+        #: connections refused at the connection limit
+        self.refused_connections = 0
+        self._refusal_logged_at: float | None = None
         self.graceful_timeout = graceful_timeout
         self.match_repeats = match_repeats
         self.connections: set[Connection] = set()
@@ -94,6 +112,30 @@ class NativeServer:
         routes[url] = route
         return route
 
+    def refused_connection(self) -> None:
+        """A connection arrived past ``limits.max_connections`` (it gets 503): logged,
+        at most once a minute, with how many were refused."""
+        self.refused_connections += 1
+        now = self.clock()
+        if self._refusal_logged_at is None or now - self._refusal_logged_at >= _REFUSAL_LOG_EVERY_S:
+            self._refusal_logged_at = now
+            _log.warning(
+                "HTTP: %d open connections, the limit (--http-max-connections): refusing new ones with 503 "
+                "(%d refused so far)", self.limits.max_connections, self.refused_connections,
+            )
+
+    def sweep(self) -> None:
+        """Move ``now`` and let every connection check its timers (head, body, reading,
+        keep-alive)."""
+        self.now = now = self.clock()
+        for connection in list(self.connections):
+            connection.check_timeouts(now)
+
+    def _sweep_periodically(self) -> None:
+        self.sweep()
+        if not self.closing:
+            self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep_periodically)
+
     def track(self, task: asyncio.Task[None]) -> None:
         """Keep an ASGI request's task until it ends (cancelled at shutdown if it outlives
         its connection)."""
@@ -118,6 +160,7 @@ class NativeServer:
             )
         if on_listening is not None:
             on_listening(listener)
+        self._sweeper = self.loop.call_later(self.limits.sweep_interval, self._sweep_periodically)
         lifespan = Lifespan(self.app, self.state)
         try:
             await lifespan.startup()
@@ -125,6 +168,7 @@ class NativeServer:
                 await shutdown.wait()
             finally:
                 self.closing = True
+                self._sweeper.cancel()
                 listener.close()
                 await self._drain_connections()
                 await listener.wait_closed()

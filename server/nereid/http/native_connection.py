@@ -1,16 +1,17 @@
-"""Connection: one client socket of the native engine, HTTP/1.1 over httptools' parser.
+"""Connection: one client socket of the native engine, HTTP/1.1.
 
-Owns one connection's framing: requests parsed by httptools callbacks, pipelined requests
-answered one at a time in order (reading pauses when too many wait), Expect: 100-continue,
-chunked request bodies, the request size limit, keep-alive and ``connection: close``, and
-the response bytes (Content-Length or chunked; a ``reply_repeat`` head encoded once per
-headers object and server). Infer requests go straight to ``Endpoints.start_infer`` (the
-connection is their ``Responder``); every other request goes to the ASGI app through
-``asgi_bridge`` (the connection is that exchange's ``Responder`` too).
+Owns one connection's answering: its requests (read by its ``RequestReader``, within the
+limits) answered one at a time, in order, pipelined ones waiting (reading pauses when too
+many wait, and while the client does not read its answers), keep-alive and ``connection:
+close``, the keep-alive timer, and the response bytes (Content-Length or chunked; a
+``reply_repeat`` head encoded once per headers object and server). Infer requests go
+straight to ``Endpoints.start_infer`` (the connection is their ``Responder``); every other
+request goes to the ASGI app through ``asgi_bridge`` (the connection is that exchange's
+``Responder`` too).
 
 A request that repeats the head of the connection's last plain infer request byte for
 byte is taken without the parser (a repeat: ``RepeatMatcher``); when nothing else is in
-flight on the connection it is started at once, without a ``_Request`` of its own (a
+flight on the connection it is started at once, without a ``Request`` of its own (a
 direct start). ``ShortcutCounters`` counts both.
 """
 
@@ -23,12 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from nereid.errors import InvalidInputError
-from nereid.http._asgi import body_too_large, check_declared_length, error_parts
 from nereid.http.asgi_bridge import AsgiExchange, http_scope
-from nereid.http.endpoints import InferHeaders
-from nereid.http.native_response import CONTINUE, response_head
+from nereid.http.native_response import response_head
 from nereid.http.repeat_matcher import RepeatMatcher
+from nereid.http.request_reader import Request, RequestReader, refusal
 
 if TYPE_CHECKING:
     from nereid.http.native import NativeServer
@@ -40,47 +39,18 @@ MAX_PIPELINED = 16
 _BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
 
 
-class _Request:
-    """One complete request waiting for (or getting) its answer."""
-
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http_version", "refusal", "infer_headers")
-
-    def __init__(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
-        keep_alive: bool, http_version: str, refusal: InvalidInputError | None,
-        infer_headers: InferHeaders | None = None,
-    ) -> None:
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http_version = http_version
-        #: answered with this error instead of being served (size limit, unparsable request).
-        self.refusal = refusal
-        #: what the infer path reads of ``headers`` (made when first needed, by
-        #: ``parsed_infer_headers``; repeats share the one of the request they repeat).
-        self.infer_headers = infer_headers
-
-    def parsed_infer_headers(self) -> InferHeaders:
-        """``infer_headers``, made from ``headers`` the first time."""
-        parsed = self.infer_headers
-        if parsed is None:
-            parsed = self.infer_headers = InferHeaders(self.headers)
-        return parsed
-
-
 class Connection(asyncio.Protocol):
     """One client connection: parses requests and answers them one at a time, in order."""
 
     def __init__(self, server: NativeServer) -> None:
         self._server = server
         self._loop = server.loop
+        self._limits = server.limits
         self._shortcuts = server.shortcuts
-        self._parser = httptools.HttpRequestParser(self)
+        self._reader: RequestReader = None  # type: ignore[assignment]  # set by connection_made
         self._transport: Any = None
-        self._queue: collections.deque[_Request] = collections.deque()
-        self._active: _Request | None = None
+        self._queue: collections.deque[Request] = collections.deque()
+        self._active: Request | None = None
         self._ticket: Any = None  # the active infer request's ticket (to withdraw on disconnect)
         self._exchange: AsgiExchange | None = None
         self._head = b""  # a streamed response's head, sent with its first part
@@ -88,31 +58,39 @@ class Connection(asyncio.Protocol):
         self._gone = False
         self._in_next = False
         self._reading = True
-        self._parsing = True  # False after a parse error, an upgrade, a refused body or a close
+        self._parsing = True  # False after a parse error, an upgrade, a refused request or a close
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
-        # the request being parsed
-        self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._refusal: InvalidInputError | None = None
+        # timers (NativeServer.now's coarse clock): idle since, not read from since
+        self._idle_since = server.now
+        self._paused_since = 0.0
         # repeats: the learnt head, the request it came with and its infer route
         self._learns = server.match_repeats
         self._repeats: RepeatMatcher | None = None
-        self._repeated: _Request | None = None
+        self._repeated: Request | None = None
         self._repeated_route: tuple[str, str | None] = ("", None)
-        self._in_message = False  # the parser is inside a request (not at a boundary)
-        self._begun = 0  # requests begun during the current read
-        self._completed: _Request | None = None  # the last request the parser completed
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        self._server.connections.add(self)
+        server = self._server
+        if len(server.connections) >= self._limits.max_connections:
+            server.refused_connection()
+            status, headers, body = refusal(503, self._limits.too_many_connections())
+            head, _ = response_head(status, headers, len(body), True)
+            transport.write(b"".join([*head, body]))
+            self._gone = True
+            self._parsing = False
+            transport.close()
+            return
+        self._reader = RequestReader(self, server, transport)
+        server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Withdraw what is in flight and let go of every buffer now (the reader's parser
+        refers back to it: without this a closed connection's request bodies would wait
+        for Python's cyclic garbage collector)."""
         self._gone = True
         self._parsing = False
         self._server.connections.discard(self)
@@ -124,6 +102,11 @@ class Connection(asyncio.Protocol):
         self._queue.clear()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        if self._reader is not None:
+            self._reader.close()
+        self._repeats = self._repeated = None
+        if self._active is not None:
+            self._active.body = b""
 
     def data_received(self, data: bytes) -> None:
         """Take the repeats a read starts with (when it starts at a message boundary), give
@@ -131,7 +114,8 @@ class Connection(asyncio.Protocol):
         if not self._parsing:
             return
         repeats = self._repeats
-        if repeats is not None and not self._in_message:
+        reader = self._reader
+        if repeats is not None and not reader.in_message:
             bodies = repeats.match(data)
             if bodies:
                 request = self._repeated
@@ -140,15 +124,15 @@ class Connection(asyncio.Protocol):
                 for body in bodies:
                     if not self._parsing:
                         break
-                    if self._active is None and not self._queue:
-                        # Nothing before it: start it now, with no _Request of its own. The
+                    if self._active is None and not self._queue and not self._write_paused:
+                        # Nothing before it: start it now, with no Request of its own. The
                         # repeated request stands in as the active one: what answering reads
                         # of it (method, keep-alive) is the repeat's too.
                         direct += 1
                         self._active = request
                         self._start_infer(self._repeated_route, request, body)
                     else:
-                        self._take(_Request(request.method, request.url, request.headers, body,
+                        self.take(Request(request.method, request.url, request.headers, body,
                                             request.keep_alive, request.http_version, None, request.infer_headers))
                 shortcuts = self._shortcuts
                 shortcuts.repeats += len(bodies)
@@ -157,13 +141,10 @@ class Connection(asyncio.Protocol):
                 if taken == len(data) or not self._parsing:
                     return
                 data = data[taken:]
-        at_boundary = not self._in_message
-        self._begun = 0
-        self._completed = None
         try:
-            self._parser.feed_data(data)
-            if self._begun == 1 and at_boundary and self._completed is not None and not self._in_message:
-                self._learn(data, self._completed)
+            whole = reader.feed(data)
+            if whole is not None:
+                self._learn(data, whole)
         except httptools.HttpParserUpgrade:
             # nereid speaks HTTP/1.1 only: answer the request as is, then close (what
             # follows on the socket would be the other protocol).
@@ -173,81 +154,60 @@ class Connection(asyncio.Protocol):
             self._next()
         except httptools.HttpParserError:
             self._parsing = False
-            self._queue.append(_Request(b"", b"", [], b"", False, "1.1", None))
+            self._queue.append(Request(b"", b"", [], b"", False, "1.1", None))
             self._next()
 
     def pause_writing(self) -> None:
+        """The client does not read fast enough: no further request is started (and
+        reading stops once MAX_PIPELINED wait) until it catches up."""
         self._write_paused = True
+        self._paused_since = self._server.now
 
     def resume_writing(self) -> None:
         self._write_paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        if self._active is None and self._queue:
+            self._next()
 
-    # -- httptools callbacks -------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._in_message = True
-        self._begun += 1
-        self._url = b""
-        self._headers = []
-        self._chunks = []
-        self._size = 0
-        self._refusal = None
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        limit = self._server.max_request_size
-        expect_continue = False
-        for name, value in self._headers:
-            if name == b"content-length":
-                try:
-                    check_declared_length(value, limit)
-                except InvalidInputError as exc:
-                    self._refuse(exc)
-                    return
-            elif name == b"expect" and value.lower() == b"100-continue":
-                expect_continue = True
-        if expect_continue and self._active is None and not self._queue and not self._gone:
-            self._transport.write(CONTINUE)
-
-    def on_body(self, body: bytes) -> None:
-        if self._refusal is not None:
+    def check_timeouts(self, now: float) -> None:
+        """Called by the server's sweep: close (with 408 where an answer can be given) a
+        connection whose head, body or reading of answers stalled past its limit, or
+        that stayed idle past the keep-alive timeout."""
+        if self._gone:
             return
-        self._size += len(body)
-        if self._size > self._server.max_request_size:
-            self._refuse(body_too_large(self._server.max_request_size))
+        limits = self._limits
+        if self._write_paused and now - self._paused_since > limits.body_timeout:
+            self._transport.abort()  # it reads nothing: an answer would not reach it
             return
-        self._chunks.append(body)
+        reader = self._reader
+        if reader.in_message:
+            reader.timed_out(now)
+        elif self._active is None and not self._queue and now - self._idle_since > limits.keepalive_timeout:
+            self.close()
 
-    def on_message_complete(self) -> None:
-        self._in_message = False
-        if self._refusal is not None:
-            return  # already queued by _refuse
-        chunks = self._chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        parser = self._parser
-        request = _Request(parser.get_method(), self._url, self._headers, body, parser.should_keep_alive(),
-                           parser.get_http_version(), None)
-        self._completed = request
-        self._chunks = []
-        self._take(request)
+    # -- what the RequestReader hands over -----------------------------------------------
 
-    def _take(self, request: _Request) -> None:
+    def take(self, request: Request) -> None:
         """Queue a complete request; start it when nothing is being answered."""
         self._queue.append(request)
-        if self._active is None:
+        if self._active is None and not self._write_paused:
             self._next()
         elif len(self._queue) >= MAX_PIPELINED and self._reading:
             self._reading = False
             self._transport.pause_reading()
 
-    def _learn(self, read: bytes, request: _Request) -> None:
+    def take_refusal(self, request: Request) -> None:
+        """Answer a request that broke a limit (in its turn), then close: nothing more is read."""
+        self._parsing = False
+        self._queue.append(request)
+        if self._active is None:
+            self._next()
+
+    def may_continue(self) -> bool:
+        return self._active is None and not self._queue and not self._gone
+
+    def _learn(self, read: bytes, request: Request) -> None:
         """Learn ``request``'s head for its repeats when ``read`` (one read from a message
         boundary) was exactly that request, a plain keep-alive infer POST
         (RepeatMatcher.learn says which heads qualify)."""
@@ -264,17 +224,6 @@ class Connection(asyncio.Protocol):
         self._repeated = request
         self._repeated_route = route
 
-    def _refuse(self, error: InvalidInputError) -> None:
-        """Answer a request whose body is too large without reading the rest of it, then
-        close the connection (the unread body would otherwise be taken as requests)."""
-        self._refusal = error
-        self._chunks = []
-        self._parsing = False
-        self._in_message = False
-        self._queue.append(_Request(self._parser.get_method(), self._url, self._headers, b"", False, "1.1", error))
-        if self._active is None:
-            self._next()
-
     # -- answering -----------------------------------------------------------------------
 
     def _next(self) -> None:
@@ -285,7 +234,7 @@ class Connection(asyncio.Protocol):
             return  # an outer call is looping: it picks up the next request
         self._in_next = True
         try:
-            while self._active is None and self._queue and not self._gone:
+            while self._active is None and self._queue and not self._gone and not self._write_paused:
                 self._start(self._queue.popleft())
         finally:
             self._in_next = False
@@ -296,10 +245,10 @@ class Connection(asyncio.Protocol):
                 self._reading = True
                 self._transport.resume_reading()
 
-    def _start(self, request: _Request) -> None:
+    def _start(self, request: Request) -> None:
         self._active = request
         if request.refusal is not None:
-            self.reply(*error_parts(request.refusal))
+            self.reply(*request.refusal)
             return
         if not request.method:  # the parser gave up on it
             self.reply(400, [(b"content-type", b"application/json")], _BAD_REQUEST)
@@ -309,10 +258,16 @@ class Connection(asyncio.Protocol):
             if route is not None:
                 self._start_infer(route, request, request.body)
                 return
-        self._exchange = AsgiExchange(self, self._server.app, self._asgi_scope(request))
+        try:
+            scope = self._asgi_scope(request)
+        except httptools.HttpParserInvalidURLError as exc:  # e.g. past parse_url's 65535 bytes
+            request.keep_alive = False
+            self.reply(*refusal(400, f"invalid request URL: {exc}"))
+            return
+        self._exchange = AsgiExchange(self, self._server.app, scope)
         self._server.track(self._loop.create_task(self._exchange.run(request.body)))
 
-    def _start_infer(self, route: tuple[str, str | None], request: _Request, body: bytes) -> None:
+    def _start_infer(self, route: tuple[str, str | None], request: Request, body: bytes) -> None:
         """Hand the active infer request to the endpoints; its answer comes back through
         ``reply`` or ``reply_repeat`` (maybe at once)."""
         ticket = self._server.app.endpoints.start_infer(
@@ -324,13 +279,13 @@ class Connection(asyncio.Protocol):
     def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
         """A 200 answer whose ``headers`` are one object per kind of answer
         (Responder.reply_repeat): their head is encoded once per server, then reused."""
+        self._ticket = None
+        if self._gone:
+            return
         request = self._active
         assert request is not None
         if not request.keep_alive or self._server.closing or request.method == b"HEAD":
             self.reply(200, list(headers), b"".join(parts))
-            return
-        self._ticket = None
-        if self._gone:
             return
         head = self._server.repeat_heads.get(headers)
         if head is None:
@@ -379,7 +334,7 @@ class Connection(asyncio.Protocol):
         if not more:
             self._done()
 
-    def _asgi_scope(self, request: _Request) -> dict[str, Any]:
+    def _asgi_scope(self, request: Request) -> dict[str, Any]:
         transport = self._transport
         return http_scope(
             method=request.method, url=request.url, headers=request.headers, http_version=request.http_version,
@@ -396,6 +351,9 @@ class Connection(asyncio.Protocol):
         assert request is not None
         self._active = None
         self._exchange = None
+        if request.reserved:
+            self._reader.release(request)
+        self._idle_since = self._server.now  # the keep-alive wait begins
         if not request.keep_alive or self._server.closing:
             self.close()
             return
