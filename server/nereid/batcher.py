@@ -77,10 +77,9 @@ class _Failed:
 class DynamicBatcher:
     """Batches one model version's requests onto its instances.
 
-    Use as ``async with DynamicBatcher(...) as batcher: await batcher.infer(request)``.
-    Leaving the block stops taking requests, lets running batches finish (drain) and fails
-    what is still queued with UnavailableError. Each accepted request is a ``Pending``
-    record; its ``Answer`` is how it is answered (pending.py).
+    ``async with DynamicBatcher(...) as batcher: await batcher.infer(request)``; leaving
+    the block drains it (``aclose``). Each accepted request is a ``Pending`` record; its
+    ``Answer`` is how it is answered (pending.py).
     """
 
     def __init__(
@@ -98,18 +97,15 @@ class DynamicBatcher:
         execution_timeout_ms: int = 0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """A batcher over generic payloads: ``cost_of`` counts a payload against
-        ``max_batch_size``, payloads batch together only with equal ``signature_of``, and
-        ``rows_of`` is what statistics count (model_loader.batcher_for: InferRequests).
+        """``cost_of`` counts a payload against ``max_batch_size``, payloads batch only
+        with equal ``signature_of``, ``rows_of`` is what statistics count;
         ``execution_timeout_ms`` (0: none) bounds a batch on an instance that does not
-        enforce it itself. ``clock`` is where time comes from (tests pass one they move
-        by hand)."""
+        enforce it; ``clock``: tests pass one they move by hand."""
         self.model_name = model_name
         self.instances = tuple(instances)
         self.stats = stats
         self._time = clock
-        # The clock's parts, looked up once: for SYSTEM_CLOCK ``_clock`` is time.monotonic_ns
-        # itself, and ``_call_at`` becomes the loop's own call_at in __aenter__.
+        # looked up once: for SYSTEM_CLOCK, time.monotonic_ns and (from __aenter__) loop.call_at
         self._clock: Callable[[], int] = clock.monotonic_ns
         self._call_at: Callable[..., Cancellable] = clock.call_at
         self._cost_of = cost_of
@@ -148,16 +144,11 @@ class DynamicBatcher:
         return self._executing
 
     async def __aenter__(self) -> DynamicBatcher:
-        if isinstance(self._time, SystemClock):
-            # Real time's timers are the loop's: bind its call_at once, so that scheduling a
-            # request's timeout costs what calling the loop directly costs.
+        if isinstance(self._time, SystemClock):  # real time's timers are the loop's own
             self._call_at = asyncio.get_running_loop().call_at
         for instance in self.instances:
             for slot in range(instance.capacity):
-                task = asyncio.create_task(
-                    self._worker(instance), name=f"nereid-batcher-{instance.name}-{slot}"
-                )
-                self._workers.append(task)
+                self._workers.append(asyncio.create_task(self._worker(instance), name=f"nereid-batcher-{instance.name}-{slot}"))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -165,10 +156,9 @@ class DynamicBatcher:
 
     async def aclose(self, drain_timeout: float | None = None) -> bool:
         """Stop taking requests; run what was already accepted (queued ones too, without
-        waiting out the queue delay); then stop the workers. After ``drain_timeout``
-        seconds whatever is still queued or running fails with UnavailableError and the
-        batches still in the model are abandoned: returns False then, True when all
-        finished."""
+        waiting out the queue delay); then stop the workers. After ``drain_timeout`` what
+        is still queued or running fails with UnavailableError, and False is returned
+        (batches abandoned in the model)."""
         if self._closed:
             return True
         self._closed = True
@@ -189,11 +179,9 @@ class DynamicBatcher:
 
     async def infer(self, payload: Any, received_ns: int | None = None) -> Any:
         """Queue one payload and wait for its result (for a model: its own output rows).
-
         Raises QueueFullError, RequestTimeoutError, ModelExecutionError, InvalidInputError
-        (cost beyond max_batch_size) or UnavailableError (stopping). If the caller is
-        cancelled while the payload waits, it leaves the queue unexecuted.
-        """
+        (cost beyond max_batch_size) or UnavailableError (stopping). A caller cancelled
+        while the payload waits takes it out of the queue unexecuted."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         pending = self._enqueue(payload, received_ns, future)
         try:
@@ -204,12 +192,10 @@ class DynamicBatcher:
 
     def submit(self, payload: Any, received_ns: int | None, on_answer: OnAnswer) -> Pending:
         """Queue one payload without waiting; ``on_answer(result, error)`` is called once,
-        on the loop, straight from the batch that answers it (``error`` is None on success,
-        what ``infer`` would raise on failure, a CancelledError when withdrawn): no Future
-        and no scheduled callback per request, and the batch's answers go out before its
-        worker forms the next batch. Raises what ``infer`` raises before queueing. For
-        callers that answer from a callback (the native HTTP engine); ``withdraw()`` the
-        returned Pending if the caller goes away."""
+        on the loop, straight from the batch that answers it (``error``: None, what
+        ``infer`` would raise, or a CancelledError when withdrawn): no Future and no
+        scheduled callback per request. Raises what ``infer`` raises before queueing.
+        ``withdraw()`` the returned Pending if the caller goes away."""
         return self._enqueue(payload, received_ns, CallbackAnswer(on_answer))
 
     async def stream(self, payload: Any, received_ns: int | None = None) -> AsyncGenerator[Any, None]:
