@@ -116,7 +116,8 @@ def free_port() -> int:
 
 def start_nereid(repo: Path, port: int, engine: str | None, log: Path) -> subprocess.Popen[bytes]:
     nereid = ROOT / ".venv" / "bin" / "nereid"
-    command = [str(nereid), "serve", "--model-repository", str(repo), "--http-port", str(port)]
+    command = [str(nereid), "serve", "--model-repository", str(repo), "--http-port", str(port),
+               "--grpc-port", str(free_port())]
     if engine:
         command += ["--http-server", engine]
     process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT)

@@ -109,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-mb", type=int, default=60, help="size of the heavy JSON request, MB")
     p.add_argument("--measurement-interval", type=int, default=4000, help="perf_analyzer -p, ms")
     p.add_argument("--nereid-arg", action="append", default=[], help="extra `nereid serve` argument")
+    p.add_argument("--nereid-cmd", default=None,
+                   help="command that runs nereid (another build, as bench_identity's --nereid-cmd)")
     args = p.parse_args(argv)
     # what bench_identity's server and runner read
     pa_args = bench.parse_args(["--concurrency", str(args.concurrency),
                                 "--measurement-interval", str(args.measurement_interval)])
     pa_args.nereid_arg = args.nereid_arg
+    pa_args.nereid_cmd = args.nereid_cmd
     if not Path(pa_args.perf_analyzer).exists():
         bench.log(f"{pa_args.perf_analyzer} not found; install with `make perf-analyzer`")
         return 2

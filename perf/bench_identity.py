@@ -125,6 +125,10 @@ class Server:
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{getattr(self, 'grpc_port', 0)}"
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -240,6 +244,7 @@ class Nereid(Server):
         self.args = args
         self.cmd = cmd if cmd is not None else args.nereid_cmd
         self.metrics_port = free_port()
+        self.grpc_port = free_port()
         self.model_repo = log_dir / f"model_repository_{self.name}"
         model_dir = self.model_repo / MODEL
         model_dir.mkdir(parents=True)
@@ -261,6 +266,8 @@ class Nereid(Server):
             "--http-port", str(self.port),
             "--metrics-port", str(self.metrics_port),
         ]
+        if not self.cmd:  # this checkout (another build, from before gRPC, may not know the flag)
+            cmd += ["--grpc-port", str(self.grpc_port)]
         if self.args.http_server:
             cmd += ["--http-server", self.args.http_server]
         for extra in self.args.nereid_arg:
@@ -392,8 +399,8 @@ def run_perf_analyzer(
     cmd = [
         str(args.perf_analyzer),
         "-m", MODEL,
-        "-u", server.url,
-        "-i", "http",
+        "-u", server.grpc_url if args.protocol == "grpc" else server.url,
+        "-i", args.protocol,
         "-b", "1",
         "--concurrency-range", str(concurrency),
         "-p", str(args.measurement_interval),
@@ -503,6 +510,51 @@ def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[
     sys.stdout.flush()
 
 
+def write_csv(path: Path, runs: list[Run], protocol: str) -> None:
+    """Every run, one row each (failed runs too, with their error)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["protocol", "server", "concurrency", "repeat", "ok", "infer_per_s", "p50_us", "p99_us",
+                         "cpu_us_per_infer", "stability", "load1", "error"])
+        for r in runs:
+            writer.writerow([protocol, r.server, r.concurrency, r.repeat, r.ok, f"{r.throughput:.1f}",
+                             f"{r.p50_us:.0f}", f"{r.p99_us:.0f}", f"{r.cpu_us:.1f}", r.stability,
+                             f"{r.load1:.2f}", r.error])
+    log(f"runs written to {path}")
+
+
+def plot(path: Path, rows: list[dict[str, object]], servers: list[str], levels: list[int], protocol: str) -> None:
+    """Throughput (x) against p50 and p99 latency (y) per server, one point per
+    concurrency level (medians), every server on the same axes."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("--plot needs matplotlib (pip install matplotlib); no plot drawn")
+        return
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for index, server in enumerate(servers):
+        color = f"C{index}"
+        xs = [float(by[(server, c)]["throughput"]) for c in levels]  # type: ignore[arg-type]
+        for key, style in (("p50_us", "-o"), ("p99_us", "--^")):
+            ys = [float(by[(server, c)][key]) / 1000 for c in levels]  # type: ignore[arg-type]
+            axes.plot(xs, ys, style, color=color, label=f"{server} {key[:3]}")
+            if key == "p50_us":
+                for x, y, c in zip(xs, ys, levels):
+                    axes.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes.set_xlabel("throughput (infer/s)")
+    axes.set_ylabel("latency (ms)")
+    axes.set_title(f"identity model over {protocol.upper()} (perf_analyzer, medians)")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    log(f"plot written to {path}")
+
+
 # ---------------------------------------------------------------------------------------
 # main
 
@@ -530,6 +582,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="command that runs nereid (unset: .venv/bin/nereid, else python -m nereid)")
     p.add_argument("--nereid-arg", action="append", default=[],
                    help="extra argument(s) for `nereid serve` (repeatable)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                   help="perf_analyzer -i: HTTP, or gRPC (nereid's --grpc-port, Triton's gRPC port)")
+    p.add_argument("--csv", default=None, help="write every run here as CSV")
+    p.add_argument("--plot", default=None,
+                   help="draw throughput against p50 and p99 latency per server here (PNG, needs matplotlib)")
     p.add_argument("--baseline-cmd", default=None,
                    help="command that runs another nereid build, measured interleaved with this "
                         "one (e.g. 'env PYTHONPATH=/tmp/old/server .venv/bin/python -m nereid')")
@@ -585,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only_triton:
         servers.append(Nereid(work, args))
     if args.baseline_cmd:
+        if args.protocol == "grpc":
+            log("--baseline-cmd measures HTTP only (a build from before gRPC has none)")
+            return 2
         servers.append(Baseline(work, args))
     if args.triton or args.only_triton:
         servers.append(Triton(work, args))
@@ -630,6 +690,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(runs, names, args.levels, float(args.stability_percentage))
     if runs:
         print_table(rows, names, args.levels)
+    if args.csv and runs:
+        write_csv(Path(args.csv), runs, args.protocol)
+    if args.plot and runs:
+        plot(Path(args.plot), rows, names, args.levels, args.protocol)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"levels": args.levels, "repeats": args.repeats,

@@ -121,7 +121,8 @@ def main() -> int:
         port = free_port()
         nereid = REPO / ".venv" / "bin" / "nereid"
         command = [str(nereid) if nereid.exists() else sys.executable, *([] if nereid.exists() else ["-m", "nereid"]),
-                   "serve", "--model-repository", str(root), "--http-port", str(port), "--metrics-port", str(free_port())]
+                   "serve", "--model-repository", str(root), "--http-port", str(port), "--metrics-port", str(free_port()),
+                   "--grpc-port", str(free_port())]
         log = open(Path(tmp) / "server.log", "wb")
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:

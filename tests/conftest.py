@@ -266,6 +266,8 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     if "--metrics-port" not in args and "--allow-metrics" not in args:
         # Test servers run side by side: each gets its own free metrics port, never 8002.
         command += ["--metrics-port", str(free_port())]
+    if "--grpc-port" not in args and "--allow-grpc" not in args:
+        command += ["--grpc-port", str(free_port())]  # likewise: never 8001
     if engine is not None:
         command += ["--http-server", engine]
     env = dict(os.environ, PYTHONUNBUFFERED="1")

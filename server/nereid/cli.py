@@ -81,6 +81,8 @@ _FLAGS = (
     _Flag("--model-repository", "model_repository", Path, "the model repository folder (required)"),
     _Flag("--http-address", "http_address", str, f"address to serve HTTP on (default {_DEFAULTS.http_address}: loopback only)"),
     _Flag("--http-port", "http_port", _port, f"HTTP port (default {_DEFAULTS.http_port})"),
+    _Flag("--grpc-port", "grpc_port", _port, f"gRPC port (default {_DEFAULTS.grpc_port})"),
+    _Flag("--allow-grpc", "allow_grpc", _bool, "serve gRPC (default true)"),
     _Flag("--metrics-port", "metrics_port", _port, f"Prometheus metrics port (default {_DEFAULTS.metrics_port})"),
     _Flag("--allow-metrics", "allow_metrics", _bool, "serve Prometheus metrics (default true)"),
     _Flag("--model-control-mode", "model_control_mode", str, "none | poll | explicit (default none)", MODEL_CONTROL_MODES),

@@ -25,6 +25,9 @@ class ServerOptions:
     #: a socket file descriptor to serve on instead of binding (tests pass a bound socket).
     http_fd: int | None = None
     metrics_port: int = 8002
+    #: gRPC (Triton's GRPCInferenceService) on the HTTP address.
+    grpc_port: int = 8001
+    allow_grpc: bool = True
     allow_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 5.0

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from nereid.http import create_app
 from nereid.http.app import NereidApp
@@ -28,6 +28,9 @@ from nereid.metrics import Metrics, MetricsListener
 from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
+
+if TYPE_CHECKING:
+    from nereid.grpc.service import GrpcServer
 
 __all__ = ["Server", "StartupError", "format_model_table"]
 
@@ -135,6 +138,8 @@ class Server(InProcessServer):
         self.metrics = Metrics(self.manager)
         #: the bound metrics port while serving (None when metrics are off or failed to bind).
         self.metrics_port: int | None = None
+        #: the bound gRPC port while serving (None when gRPC is off).
+        self.grpc_port: int | None = None
         self.app: NereidApp = create_app(self.manager, options_, on_started=self._on_started, shm=self.shm)
         self._shutdown: asyncio.Event | None = None
         self.started: asyncio.Event | None = None
@@ -183,7 +188,9 @@ class Server(InProcessServer):
         _fit_open_file_limit(options.http_max_connections)
         if where:
             _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
+        grpc_server = await self._start_grpc()
         metrics = await self._start_metrics()
+        stopping = asyncio.create_task(self._stop_grpc_on_shutdown(grpc_server))
         try:
             if engine == "native":
                 await self._serve_native(fd)
@@ -194,6 +201,10 @@ class Server(InProcessServer):
             else:
                 await self._serve_granian()
         finally:
+            stopping.cancel()
+            if grpc_server is not None:
+                await grpc_server.stop(0)
+                self.grpc_port = None
             if listener is not None:
                 listener.close()
             if metrics is not None:
@@ -201,6 +212,30 @@ class Server(InProcessServer):
                 self.metrics_port = None
             self.shm.close()
         _log.info("nereid stopped")
+
+    async def _start_grpc(self) -> GrpcServer | None:
+        """gRPC on --grpc-port (same address as HTTP), bound before any model loads; a
+        port that cannot be bound stops the server with one line, as for HTTP."""
+        options = self.options
+        if not options.allow_grpc:
+            return None
+        from nereid.grpc.service import GrpcServer, InferenceService  # grpcio loads only when serving gRPC
+
+        server = GrpcServer(InferenceService(self.manager, options, self.shm), options.http_address, options.grpc_port)
+        try:
+            self.grpc_port = await server.start()
+        except OSError as exc:
+            raise StartupError(f"{exc} (another server is running there? choose another --grpc-port, or --allow-grpc false)") from exc
+        _log.info("gRPC on %s:%d", options.http_address, self.grpc_port)
+        return server
+
+    async def _stop_grpc_on_shutdown(self, server: GrpcServer | None) -> None:
+        """At shutdown, gRPC stops taking calls and lets those in flight finish (up to
+        --exit-timeout-secs), alongside HTTP's drain."""
+        if server is None or self._shutdown is None:
+            return
+        await self._shutdown.wait()
+        await server.stop(self.options.exit_timeout_secs)
 
     async def _start_metrics(self) -> MetricsListener | None:
         """The metrics port on this event loop (same address as HTTP). A port that cannot

@@ -131,7 +131,7 @@ def start_patched(repository: Path, tmp_path: Path, engine: str) -> RunningServe
     launcher.write_text(textwrap.dedent(LAUNCHER))
     port = free_port()
     log_path = tmp_path / f"nereid-{port}.log"
-    command = [sys.executable, str(launcher), "serve", "--model-repository", str(repository), "--http-port", str(port),
+    command = [sys.executable, str(launcher), "serve", "--model-repository", str(repository), "--http-port", str(port), "--grpc-port", str(free_port()),
                "--metrics-port", str(free_port()), "--http-server", engine]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,

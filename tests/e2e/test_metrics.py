@@ -179,7 +179,8 @@ def test_two_servers_in_one_process_never_share_counters(repo: RepoBuilder, tmp_
 
     repo.add("batched", BATCHED, model=POISONED)
     servers = [
-        Server(ServerOptions(model_repository=repo.root, http_port=free_port(), metrics_port=free_port()))
+        Server(ServerOptions(model_repository=repo.root, http_port=free_port(), metrics_port=free_port(),
+                             grpc_port=free_port()))
         for _ in range(2)
     ]
     loop = asyncio.new_event_loop()

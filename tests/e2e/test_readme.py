@@ -322,7 +322,7 @@ def readme_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
             )
             port = free_port()
             log_path = tmp_path_factory.mktemp("readme-server") / "make-serve.log"
-            command = ["make", "serve", f"PORT={port}", f"ARGS=--metrics-port {free_port()}"]
+            command = ["make", "serve", f"PORT={port}", f"ARGS=--metrics-port {free_port()} --grpc-port {free_port()}"]
             server = spawn(command, ROOT, log_path, port)
             started.append(server)
             wait_ready(server, timeout=180)
@@ -530,7 +530,7 @@ def handle_serve(section: Section, block: Block) -> None:
     if words[0] == "python":
         argv[0] = sys.executable
     port = free_port()
-    argv += ["--http-port", str(port), "--metrics-port", str(free_port())]
+    argv += ["--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(free_port())]
     repository = words[words.index("--model-repository") + 1] if "--model-repository" in words else "model_repository"
     section.own_repository = section.cwd / repository
     section.poll = "--model-control-mode" in words and words[words.index("--model-control-mode") + 1] == "poll"

@@ -20,7 +20,8 @@ import logging
 import time
 from typing import Any, Iterable, Protocol
 
-from nereid.errors import InternalError, InvalidInputError, NereidError, UnsupportedError
+from nereid.admin import parse_version
+from nereid.errors import InternalError, NereidError, UnsupportedError
 from nereid.http import infer_response
 from nereid.http._asgi import ClientGone, Receive, Scope, Send, error_parts, read_body, send_error
 from nereid.http.compression import decode_body, parse_accept_encoding
@@ -35,19 +36,6 @@ from nereid.shared_memory import SharedMemoryManager
 __all__ = ["InferEndpoint", "InferHeaders", "Responder", "encode_answer", "parse_version", "read_request"]
 
 _log = logging.getLogger("nereid")
-
-_MAX_VERSION = (1 << 63) - 1
-
-
-def parse_version(value: str | int | None) -> int | None:
-    """A URL version segment (digits only, checked by the router) -> int; None when absent."""
-    if value is None or value == "":
-        return None
-    version = int(value)
-    if version > _MAX_VERSION:
-        raise InvalidInputError(f"failed to get model version from specified version string '{value}'")
-    return version
-
 
 class Responder(Protocol):
     """How an engine is handed an infer answer (once, on the loop)."""

@@ -1,0 +1,352 @@
+"""InferenceService: Triton's ``inference.GRPCInferenceService`` on grpcio's asyncio server.
+
+Every RPC of Triton's service, with the generated stubs tritonclient ships. The admin
+RPCs are ``nereid.admin``'s answers (the same as HTTP's, turned into messages); infer
+decodes with ``codec.decode_request``, goes through the model's batcher like every other
+request (``ServingModel.infer``) and encodes with ``codec.encode_response``.
+ModelStreamInfer answers a non-decoupled model's requests in the order they came (a
+request whose answer is an error gets an in-band ``error_message``, and the stream goes
+on), and a decoupled model's steps as they come, each flagged
+``triton_final_response`` as Triton does. ``GrpcServer`` runs it on the server's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from nereid import admin
+from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
+from nereid.grpc.codec import decode_request, encode_response, status_of
+from nereid.http.model_codec import CodecCache
+from nereid.log import LogSettings, apply_log_settings, log_settings
+from nereid.model_manager import ModelManager, ServingModel
+from nereid.options import ServerOptions
+from nereid.shared_memory import SharedMemoryManager
+
+__all__ = ["GrpcServer", "InferenceService"]
+
+_log = logging.getLogger("nereid")
+
+#: Triton and tritonclient allow messages up to 2 GiB (gRPC's own default is 4 MiB).
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: NereidError) -> Any:
+    await context.abort(status_of(error), error.message)
+
+
+def _json_message(obj: Any, message: Any) -> Any:
+    """A protobuf message from Triton's JSON form of it (unknown keys ignored)."""
+    return json_format.ParseDict(obj, message, ignore_unknown_fields=True)
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The service of one server: its model manager, options and shared memory."""
+
+    def __init__(self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager) -> None:
+        self.manager = manager
+        self.options = options
+        self.shm = shm
+        self.codecs = CodecCache()
+        self._trace: dict[str, list[str]] = {
+            "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
+            "trace_file": [""], "trace_mode": ["triton"],
+        }
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.manager.is_ready(self.options.strict_readiness))
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        try:
+            ready = admin.model_ready(self.manager, request.name, request.version)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return _json_message(admin.server_metadata(), service_pb2.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        try:
+            metadata = admin.model_metadata(self.manager, request.name, request.version)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        return _json_message(metadata, service_pb2.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            config = admin.model_config(self.manager, request.name, request.version)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        message = _json_message(config, model_config_pb2.ModelConfig())
+        if "dynamic_batching" in config:  # set even when empty: perf_analyzer looks for the field
+            message.dynamic_batching.SetInParent()
+        return service_pb2.ModelConfigResponse(config=message)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        try:
+            stats = admin.model_statistics(self.manager, request.name or None, request.version)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        for entry in stats["model_stats"]:
+            entry.pop("instance_restarts", None)  # nereid's, not in Triton's message
+        return _json_message(stats, service_pb2.ModelStatisticsResponse())
+
+    # -- repository --------------------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        if request.repository_name:
+            return await _abort(context, UnsupportedError("'repository_name' specification is not supported"))
+        index = await admin.repository_index(self.manager, request.ready)
+        return _json_message({"models": index}, service_pb2.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        params = {key: _parameter(value) for key, value in request.parameters.items()}
+        try:
+            await admin.load_model(self.manager, request.model_name, params, request.repository_name)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        params = {key: _parameter(value) for key, value in request.parameters.items()}
+        try:
+            await admin.unload_model(self.manager, request.model_name, params, request.repository_name)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    # -- infer -------------------------------------------------------------------------------
+
+    def _serving(self, request: Any) -> ServingModel:
+        return self.manager.get(request.model_name, admin.parse_version(request.model_version))
+
+    async def _infer(self, request: Any, received_ns: int) -> Any:
+        """One request through the one flow: decode, queue, encode. Raises NereidError."""
+        serving = self._serving(request)
+        if serving.config.decoupled:
+            raise UnsupportedError(
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{serving.name}'); "
+                "use ModelStreamInfer"
+            )
+        codec = self.codecs.get(serving)
+        lease = self.shm.lease()
+        try:
+            infer_request = decode_request(request, codec, serving.version, lease.resolve)
+            outputs = await serving.infer(infer_request, received_ns)
+            return encode_response(outputs, infer_request, codec, serving.version, serving.labels, lease.write)
+        finally:
+            lease.release()
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            return await self._infer(request, time.monotonic_ns())
+        except NereidError as exc:
+            return await _abort(context, exc)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Answers in request order (non-decoupled), steps as they come (decoupled). A
+        client that goes away cancels what it had in flight."""
+        answers: asyncio.Queue[asyncio.Task[list[Any]] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    answers.put_nowait(asyncio.create_task(self._stream_answers(request, time.monotonic_ns())))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (task := await answers.get()) is not None:
+                for response in await task:
+                    yield response
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                pending = answers.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+
+    async def _stream_answers(self, request: Any, received_ns: int) -> list[Any]:
+        """The stream responses of one request (an in-band error on failure)."""
+        try:
+            serving = self._serving(request)
+            if not serving.config.decoupled:
+                response = await self._infer(request, received_ns)
+                response.parameters["triton_final_response"].bool_param = True
+                return [service_pb2.ModelStreamInferResponse(infer_response=response)]
+            return await self._decoupled(serving, request, received_ns)
+        except NereidError as exc:
+            return [service_pb2.ModelStreamInferResponse(
+                error_message=exc.message,
+                infer_response=service_pb2.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id
+                ),
+            )]
+
+    async def _decoupled(self, serving: ServingModel, request: Any, received_ns: int) -> list[Any]:
+        codec = self.codecs.get(serving)
+        empty_final = "triton_enable_empty_final_response" in request.parameters and bool(
+            _parameter(request.parameters["triton_enable_empty_final_response"])
+        )
+        lease = self.shm.lease()
+        responses = []
+        try:
+            infer_request = decode_request(request, codec, serving.version, lease.resolve)
+            async for step in serving.stream(infer_request, received_ns):
+                response = encode_response(step, infer_request, codec, serving.version, serving.labels, lease.write)
+                response.parameters["triton_final_response"].bool_param = False
+                responses.append(service_pb2.ModelStreamInferResponse(infer_response=response))
+        finally:
+            lease.release()
+        if empty_final or not responses:
+            final = service_pb2.ModelInferResponse(
+                model_name=serving.name, model_version=str(serving.version), id=request.id
+            )
+            final.parameters["triton_final_response"].bool_param = True
+            responses.append(service_pb2.ModelStreamInferResponse(infer_response=final))
+        else:
+            responses[-1].infer_response.parameters["triton_final_response"].bool_param = True
+        return responses
+
+    # -- shared memory, logging, trace --------------------------------------------------------
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            regions = self.shm.status(request.name or None)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region.name].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+                )
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        if not self.options.allow_client_shm:
+            return await _abort(context, UnsupportedError(
+                "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."))
+        if request.name in self.shm:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"shared memory region '{request.name}' already in manager")
+        try:
+            self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        except NereidError as exc:
+            return await _abort(context, exc)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        if request.name:
+            self.shm.unregister(request.name)
+        else:
+            self.shm.unregister_all()
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        if request.name:
+            return await _abort(context, ModelNotFoundError(f"Unable to find cuda shared memory region: '{request.name}'"))
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return await _abort(context, InvalidInputError(
+            "failed to register CUDA shared memory region: nereid does not support CUDA shared memory; "
+            "use system shared memory"))
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        current = log_settings()
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, value in request.settings.items():
+                kind = value.WhichOneof("parameter_choice")
+                if key not in LogSettings.__dataclass_fields__ or key == "log_file" and value.string_param:
+                    return await _abort(context, InvalidInputError(f"Unsupported log setting '{key}'"))
+                changes[key] = getattr(value, kind) if kind is not None else None
+            try:
+                current = LogSettings(**{**_settings_dict(current), **changes})
+                apply_log_settings(current)
+            except (TypeError, ValueError) as exc:
+                return await _abort(context, InvalidInputError(f"invalid log settings: {exc}"))
+        response = service_pb2.LogSettingsResponse()
+        for key, value in _settings_dict(current).items():
+            setting = response.settings[key]
+            if isinstance(value, bool):
+                setting.bool_param = value
+            elif isinstance(value, int):
+                setting.uint32_param = value
+            else:
+                setting.string_param = value
+        return response
+
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        """Settings accepted and reported, as HTTP's trace setting: no traces are written."""
+        for key, value in request.settings.items():
+            self._trace[key] = list(value.value)
+        response = service_pb2.TraceSettingResponse()
+        for key, values in self._trace.items():
+            response.settings[key].value.extend(values)
+        return response
+
+
+def _settings_dict(settings: LogSettings) -> dict[str, Any]:
+    return {key: getattr(settings, key) for key in LogSettings.__dataclass_fields__}
+
+
+def _parameter(value: Any) -> Any:
+    kind = value.WhichOneof("parameter_choice")
+    return getattr(value, kind) if kind is not None else None
+
+
+class GrpcServer:
+    """The gRPC listener of one nereid server, on its event loop."""
+
+    def __init__(self, service: InferenceService, address: str, port: int) -> None:
+        self.service = service
+        self.address = address
+        self.requested_port = port
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen; the bound port (0 picks one). OSError when it cannot be bound."""
+        server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        where = f"{self.address}:{self.requested_port}"
+        try:
+            port = int(server.add_insecure_port(where))
+        except RuntimeError as exc:  # grpcio's "Failed to bind"
+            raise OSError(f"cannot listen on {where} for gRPC: {exc}") from exc
+        if port == 0 and self.requested_port != 0:
+            raise OSError(f"cannot listen on {where} for gRPC (address in use?)")
+        await server.start()
+        self._server = server
+        self.port = port
+        return port
+
+    async def stop(self, grace: float) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+
