@@ -28,6 +28,15 @@ class ServerOptions:
     #: gRPC (Triton's GRPCInferenceService) on the HTTP address.
     grpc_port: int = 8001
     allow_grpc: bool = True
+    #: largest gRPC message either way (Triton's: 2 GiB - 1).
+    grpc_max_message_size: int = 2**31 - 1
+    #: tritonserver's gRPC keepalive flags, with its defaults (milliseconds).
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
     allow_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 5.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -20,6 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from nereid.listening import StartupError, fit_open_file_limit, listen, listen_error
 from nereid.http import create_app
 from nereid.http.app import NereidApp
 from nereid.local import InProcessServer
@@ -54,71 +54,6 @@ def format_model_table(entries: list[IndexEntry]) -> str:
             lines.append(rule)
     lines.append(rule)
     return "\n".join(lines)
-
-
-class StartupError(Exception):
-    """The server cannot start (its HTTP port cannot be bound): one line for the operator."""
-
-
-_LISTEN_ADVICE = {
-    errno.EADDRINUSE: "address already in use (another server is running there? choose another --http-port)",
-    errno.EACCES: "permission denied (ports below 1024 need privileges; choose another --http-port)",
-    errno.EADDRNOTAVAIL: "this host has no such address (check --http-address)",
-}
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``, bound before any model loads, so that a
-    busy port is one clear StartupError and "serving" is logged only once it is bound."""
-    where = f"{host}:{port}"
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except socket.gaierror as exc:
-        raise StartupError(f"cannot listen on {where}: --http-address {host!r} does not resolve ({exc.strerror})") from exc
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        raise _listen_error(where, exc) from exc
-    sock.setblocking(False)
-    return sock
-
-
-def _listen_error(where: str, exc: OSError) -> StartupError:
-    reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc))
-    return StartupError(f"cannot listen on {where}: {reason}")
-
-
-#: Open files the server needs beside its connections (models, logs, worker pipes).
-_FILES_BESIDES_CONNECTIONS = 256
-
-
-def _fit_open_file_limit(connections: int) -> None:
-    """Raise the soft open-file limit so that ``connections`` (--http-max-connections)
-    fit (within the hard limit); warn when they cannot: past the limit the kernel refuses
-    new connections with nothing to tell the client."""
-    import resource
-
-    need = connections + _FILES_BESIDES_CONNECTIONS
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-        if soft < need:
-            _log.warning(
-                "--http-max-connections %d needs about %d open files, but the limit is %d (ulimit -n); "
-                "connections past about %d will be refused by the kernel, not answered",
-                connections, need, soft, max(0, soft - _FILES_BESIDES_CONNECTIONS),
-            )
 
 
 class Server(InProcessServer):
@@ -173,10 +108,10 @@ class Server(InProcessServer):
             # The native engine listens itself (its loop's own socket served faster than one
             # handed over) and says where; this probe makes a busy port one line before
             # anything else starts.
-            _listen(options.http_address, options.http_port).close()
+            listen(options.http_address, options.http_port).close()
             where = ""
         elif fd is None:
-            listener = _listen(options.http_address, options.http_port)
+            listener = listen(options.http_address, options.http_port)
             fd = listener.fileno()
             host, port = listener.getsockname()[:2]
             where = f"{host}:{port}"
@@ -185,7 +120,7 @@ class Server(InProcessServer):
                 listener, fd = None, None
         else:
             where = f"fd {fd}"
-        _fit_open_file_limit(options.http_max_connections)
+        fit_open_file_limit(options.http_max_connections)
         if where:
             _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
         grpc_server = await self._start_grpc()
@@ -221,7 +156,7 @@ class Server(InProcessServer):
             return None
         from nereid.grpc.service import GrpcServer, InferenceService  # grpcio loads only when serving gRPC
 
-        server = GrpcServer(InferenceService(self.manager, options, self.shm), options.http_address, options.grpc_port)
+        server = GrpcServer(InferenceService(self.manager, options, self.shm), options)
         try:
             self.grpc_port = await server.start()
         except OSError as exc:
@@ -283,7 +218,7 @@ class Server(InProcessServer):
             )
         except OSError as exc:
             if not bound:  # a busy port, a bad address: one line, before any model loads
-                raise _listen_error(where, exc) from exc
+                raise listen_error(where, exc) from exc
             raise
 
     async def _serve_uvicorn(self, fd: int | None) -> None:

@@ -296,3 +296,66 @@ def test_perf_analyzer_streams_a_decoupled_model_over_grpc(grpc_server: RunningS
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Throughput:" in result.stdout
+
+
+VECTOR = """
+max_batch_size = 0
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [-1]
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [-1]
+"""
+
+
+def test_a_message_over_the_size_limit_is_refused_and_the_server_goes_on(repo: RepoBuilder, tmp_path: Path) -> None:
+    repo.add("vector", VECTOR)
+    port = free_port()
+    server = start_server(repo.root, "--grpc-port", str(port), "--grpc-max-message-size", "2000", log_dir=tmp_path)
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("vector", [_input("INPUT0", np.zeros(1000, np.float32), "FP32")])
+        assert _status(caught.value) == "StatusCode.RESOURCE_EXHAUSTED"
+        small = client.infer("vector", [_input("INPUT0", np.ones(10, np.float32), "FP32")])
+        np.testing.assert_array_equal(small.as_numpy("OUTPUT0"), np.ones(10, np.float32))
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_malformed_messages_and_wrong_raw_contents_get_a_status(grpc_server: RunningServer) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    channel = grpc.insecure_channel(grpc_server.grpc_url)  # type: ignore[attr-defined]
+    raw_call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    with pytest.raises(grpc.RpcError) as caught:
+        raw_call(b"\xff\xff\xff\xff")  # not a protobuf message
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    def request(raw: list[bytes], shape: list[int]) -> Any:
+        message = service_pb2.ModelInferRequest(model_name="identity")
+        tensor = message.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+        assert tensor is not None
+        message.raw_input_contents.extend(raw)
+        return message
+
+    cases = [
+        (request([b"\0" * 12], [1, 4]), "input byte size mismatch for input 'INPUT0' for model 'identity'. "
+                                         "Expected 16, got 12"),
+        (request([b"\0" * 16, b"\0" * 16], [1, 4]), "expected 1 raw input contents (one per input) for model "
+                                                      "'identity', got 2"),
+        (request([], [1, 4]), "input 'INPUT0' for model 'identity' has no data"),
+    ]
+    for message, text in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(message)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert text in caught.value.details()
+    assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
+    channel.close()

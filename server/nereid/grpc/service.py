@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from nereid import admin
@@ -34,9 +35,6 @@ from nereid.shared_memory import SharedMemoryManager
 __all__ = ["GrpcServer", "InferenceService"]
 
 _log = logging.getLogger("nereid")
-
-#: Triton and tritonclient allow messages up to 2 GiB (gRPC's own default is 4 MiB).
-MAX_MESSAGE_BYTES = 2**31 - 1
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: NereidError) -> Any:
@@ -315,24 +313,79 @@ def _parameter(value: Any) -> Any:
     return getattr(value, kind) if kind is not None else None
 
 
+def _handlers(service: InferenceService) -> Any:
+    """The service's method handlers, as the generated ``add_..._to_server`` makes them,
+    except that requests arrive as bytes and are parsed in the handler: a message that
+    does not parse is INTERNAL "Unable to parse request", as Triton answers (grpcio's
+    own deserializer failure would be UNKNOWN)."""
+    descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type = getattr(service_pb2, method.input_type.name)
+        response_type = getattr(service_pb2, method.output_type.name)
+        implementation = getattr(service, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _parsing_stream(implementation, request_type), response_serializer=response_type.SerializeToString
+            )
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _parsing(implementation, request_type), response_serializer=response_type.SerializeToString
+            )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+def _parsing(implementation: Any, request_type: Any) -> Any:
+    async def handle(data: bytes, context: Any) -> Any:
+        try:
+            request = request_type.FromString(data)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INTERNAL, "Unable to parse request")
+        return await implementation(request, context)
+
+    return handle
+
+
+def _parsing_stream(implementation: Any, request_type: Any) -> Any:
+    async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+        async def parsed() -> AsyncIterator[Any]:
+            async for data in requests:
+                try:
+                    yield request_type.FromString(data)
+                except DecodeError:
+                    await context.abort(grpc.StatusCode.INTERNAL, "Unable to parse request")
+
+        async for response in implementation(parsed(), context):
+            yield response
+
+    return handle
+
+
 class GrpcServer:
     """The gRPC listener of one nereid server, on its event loop."""
 
-    def __init__(self, service: InferenceService, address: str, port: int) -> None:
+    def __init__(self, service: InferenceService, options: ServerOptions) -> None:
         self.service = service
-        self.address = address
-        self.requested_port = port
+        self.address = options.http_address
+        self.requested_port = options.grpc_port
+        self.options = [
+            ("grpc.max_send_message_length", options.grpc_max_message_size),
+            ("grpc.max_receive_message_length", options.grpc_max_message_size),
+            ("grpc.keepalive_time_ms", options.grpc_keepalive_time),
+            ("grpc.keepalive_timeout_ms", options.grpc_keepalive_timeout),
+            ("grpc.keepalive_permit_without_calls", int(options.grpc_keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", options.grpc_http2_max_pings_without_data),
+            ("grpc.http2.min_ping_interval_without_data_ms", options.grpc_http2_min_recv_ping_interval_without_data),
+            ("grpc.http2.max_ping_strikes", options.grpc_http2_max_ping_strikes),
+            ("grpc.so_reuseport", 0),
+        ]
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> int:
         """Listen; the bound port (0 picks one). OSError when it cannot be bound."""
-        server = grpc.aio.server(options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ])
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        server = grpc.aio.server(options=self.options)
+        server.add_generic_rpc_handlers((_handlers(self.service),))
         where = f"{self.address}:{self.requested_port}"
         try:
             port = int(server.add_insecure_port(where))
