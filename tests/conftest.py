@@ -231,6 +231,12 @@ class RunningServer:
     port: int
     log_path: Path
     stopped: bool = field(default=False)
+    #: the gRPC port (None when gRPC is off)
+    grpc_port: int | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def url(self) -> str:
@@ -266,14 +272,16 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     if "--metrics-port" not in args and "--allow-metrics" not in args:
         # Test servers run side by side: each gets its own free metrics port, never 8002.
         command += ["--metrics-port", str(free_port())]
-    if "--grpc-port" not in args and "--allow-grpc" not in args:
-        command += ["--grpc-port", str(free_port())]  # likewise: never 8001
+    grpc_port = int(args[args.index("--grpc-port") + 1]) if "--grpc-port" in args else None
+    if grpc_port is None and "--allow-grpc" not in args:
+        grpc_port = free_port()  # likewise: never 8001
+        command += ["--grpc-port", str(grpc_port)]
     if engine is not None:
         command += ["--http-server", engine]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = RunningServer(process, port, log_path)
+    server = RunningServer(process, port, log_path, grpc_port=grpc_port)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

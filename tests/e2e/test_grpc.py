@@ -99,13 +99,12 @@ def grpc_server(repo: RepoBuilder, tmp_path: Path) -> Any:
     grpc_port = free_port()
     server = start_server(repo.root, "--grpc-port", str(grpc_port), "--model-control-mode", "explicit",
                           "--load-model", "*", log_dir=tmp_path)
-    server.grpc_url = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
     yield server
     server.stop()
 
 
 def _client(server: RunningServer) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+    return grpcclient.InferenceServerClient(server.grpc_url)
 
 
 def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
@@ -243,7 +242,7 @@ def test_a_decoupled_model_streams_its_steps_with_the_final_flag(grpc_server: Ru
 
 def test_the_aio_client_and_the_repository_api(grpc_server: RunningServer) -> None:
     async def main() -> None:
-        client = grpcaio.InferenceServerClient(grpc_server.grpc_url)  # type: ignore[attr-defined]
+        client = grpcaio.InferenceServerClient(grpc_server.grpc_url)
         data = np.ones((1, 4), np.float32)
         answers = await asyncio.gather(*(client.infer("identity", [_input("INPUT0", data * i, "FP32")])
                                          for i in range(8)))
@@ -274,7 +273,7 @@ def test_perf_analyzer_over_grpc(grpc_server: RunningServer, tmp_path: Path, ext
 
     perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
     result = subprocess.run(
-        [str(perf_analyzer), "-m", "identity", "-u", grpc_server.grpc_url, "-i", "grpc", *extra,  # type: ignore[attr-defined]
+        [str(perf_analyzer), "-m", "identity", "-u", grpc_server.grpc_url, "-i", "grpc", *extra,
          "--concurrency-range", "4", "-p", "1000", "-s", "1000", "--max-trials", "3"],
         capture_output=True, text=True, timeout=300,
     )
@@ -290,7 +289,7 @@ def test_perf_analyzer_streams_a_decoupled_model_over_grpc(grpc_server: RunningS
     data.write_text(json.dumps({"data": [{"COUNT": [2]}]}))
     perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
     result = subprocess.run(
-        [str(perf_analyzer), "-m", "steps", "-u", grpc_server.grpc_url, "-i", "grpc", "--streaming",  # type: ignore[attr-defined]
+        [str(perf_analyzer), "-m", "steps", "-u", grpc_server.grpc_url, "-i", "grpc", "--streaming",
          "--input-data", str(data), "--concurrency-range", "2", "-p", "1000", "-s", "1000", "--max-trials", "3"],
         capture_output=True, text=True, timeout=300,
     )
@@ -331,7 +330,7 @@ def test_malformed_messages_and_wrong_raw_contents_get_a_status(grpc_server: Run
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    channel = grpc.insecure_channel(grpc_server.grpc_url)  # type: ignore[attr-defined]
+    channel = grpc.insecure_channel(grpc_server.grpc_url)
     raw_call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     with pytest.raises(grpc.RpcError) as caught:
         raw_call(b"\xff\xff\xff\xff")  # not a protobuf message
@@ -359,3 +358,40 @@ def test_malformed_messages_and_wrong_raw_contents_get_a_status(grpc_server: Run
         assert text in caught.value.details()
     assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
     channel.close()
+
+
+def test_text_generator_streams_over_grpc_to_the_stock_clients(example_server: RunningServer, tmp_path: Path) -> None:
+    """The example decoupled model: tritonclient's stream gets its tokens, and perf_analyzer
+    -i grpc --streaming loads it."""
+    import json
+    import subprocess
+
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = np.array([[b"hello"]], dtype=np.object_)  # [batch 1] + dims [1]
+    client.async_stream_infer("text_generator", [_input("text_input", text, "BYTES"),
+                                                 _input("max_tokens", np.array([[3]], np.int32), "INT32")],
+                              enable_empty_final_response=True)
+    tokens = []
+    while True:
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        response = result.get_response()
+        if response.outputs:
+            tokens.append(result.as_numpy("text_output")[0][0])
+        if response.parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    assert len(tokens) == 3
+    data = tmp_path / "prompt.json"
+    data.write_text(json.dumps({"data": [{"text_input": ["hello"], "max_tokens": [2]}]}))
+    perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
+    run = subprocess.run(
+        [str(perf_analyzer), "-m", "text_generator", "-u", example_server.grpc_url, "-i", "grpc", "--streaming",
+         "--input-data", str(data), "--concurrency-range", "2", "-p", "2000", "-s", "1000", "--max-trials", "3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Throughput:" in run.stdout
