@@ -31,9 +31,9 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.http import wire_inputs, wire_outputs
-from nereid.http.model_codec import ModelCodec
+from nereid import wire_inputs, wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.model_tables import ModelTables
 
 __all__ = ["decode_request", "encode_response", "status_of"]
 
@@ -67,7 +67,7 @@ def status_of(error: NereidError) -> grpc.StatusCode:
 
 
 def decode_request(
-    message: service_pb2.ModelInferRequest, codec: ModelCodec, version: int, resolve_shm: Any
+    message: service_pb2.ModelInferRequest, codec: ModelTables, version: int, resolve_shm: Any
 ) -> InferRequest:
     """The InferRequest a ModelInferRequest means, checked against the model's config.
     Raises NereidError (InvalidInputError for what the client got wrong)."""
@@ -188,7 +188,7 @@ def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterVa
 
 
 def _requested_outputs(
-    message: Any, codec: ModelCodec, model: str, prefix: str, resolve_shm: Any
+    message: Any, codec: ModelTables, model: str, prefix: str, resolve_shm: Any
 ) -> tuple[RequestedOutput, ...]:
     seen: set[str] = set()
     result = []
@@ -220,7 +220,7 @@ def _requested_outputs(
 
 
 def encode_response(
-    outputs: Mapping[str, Any], request: InferRequest, codec: ModelCodec, version: int,
+    outputs: Mapping[str, Any], request: InferRequest, codec: ModelTables, version: int,
     labels: Mapping[str, Any] | None, write_shm: Any,
 ) -> service_pb2.ModelInferResponse:
     """The ModelInferResponse of a request's outputs: the requested ones (or all), in the

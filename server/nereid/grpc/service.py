@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,9 +27,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from nereid import admin
 from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
 from nereid.grpc.codec import decode_request, encode_response, status_of
-from nereid.http.model_codec import CodecCache
 from nereid.log import LogSettings, apply_log_settings, log_settings
 from nereid.model_manager import ModelManager, ServingModel
+from nereid.model_tables import ModelTables
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 
@@ -53,7 +54,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self.manager = manager
         self.options = options
         self.shm = shm
-        self.codecs = CodecCache()
+        self._tables: weakref.WeakKeyDictionary[ServingModel, ModelTables] = weakref.WeakKeyDictionary()
         self._trace: dict[str, list[str]] = {
             "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
             "trace_file": [""], "trace_mode": ["triton"],
@@ -129,6 +130,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     # -- infer -------------------------------------------------------------------------------
 
+    def _tables_of(self, serving: ServingModel) -> ModelTables:
+        """The version's tables, made once (held weakly: they go with the version)."""
+        tables = self._tables.get(serving)
+        if tables is None:
+            tables = self._tables[serving] = ModelTables.for_config(serving.config)
+        return tables
+
     def _serving(self, request: Any) -> ServingModel:
         return self.manager.get(request.model_name, admin.parse_version(request.model_version))
 
@@ -140,7 +148,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{serving.name}'); "
                 "use ModelStreamInfer"
             )
-        codec = self.codecs.get(serving)
+        codec = self._tables_of(serving)
         lease = self.shm.lease()
         try:
             infer_request = decode_request(request, codec, serving.version, lease.resolve)
@@ -197,7 +205,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             )]
 
     async def _decoupled(self, serving: ServingModel, request: Any, received_ns: int) -> list[Any]:
-        codec = self.codecs.get(serving)
+        codec = self._tables_of(serving)
         empty_final = "triton_enable_empty_final_response" in request.parameters and bool(
             _parameter(request.parameters["triton_enable_empty_final_response"])
         )

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from nereid.config.schema import ModelConfig
 from nereid.datatypes import DATATYPES, by_wire_name
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
-from nereid.http import wire_inputs
+from nereid import wire_inputs
 from nereid.http.model_codec import ModelCodec
 from nereid.http.request_json import (
     I64_LIMIT,

@@ -1,50 +1,31 @@
 """What the HTTP infer path needs from one served model version, made once: the config's
-lookup tables (``ModelCodec``) and its ``Repeats`` memo, kept per served model version by
+lookup tables (``ModelTables``) and its ``Repeats`` memo (together a ``ModelCodec``), kept per served model version by
 ``CodecCache`` and dropped with it."""
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
-from nereid.config.schema import ModelConfig, ModelOutput
-from nereid.datatypes import DataType
+from nereid.config.schema import ModelConfig
 from nereid.http.repeats import Repeats
-from nereid.inference import RequestedOutput
-from nereid.request_checks import ConfigRules
+from nereid.model_tables import ModelTables
 
 __all__ = ["CodecCache", "ModelCodec"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ModelCodec:
-    """One model config's tables for parsing requests and encoding answers, and the
-    memo of its repeated requests and answers (``repeats``). The parser and encoder take
-    a ModelCodec or a plain ModelConfig (a fresh ModelCodec per call)."""
+class ModelCodec(ModelTables):
+    """A model version's tables (ModelTables) and the memo of its repeated requests and
+    answers (``repeats``). The parser and encoder take a ModelCodec or a plain ModelConfig
+    (a fresh ModelCodec per call)."""
 
-    config: ModelConfig
-    rules: ConfigRules
-    outputs: Mapping[str, ModelOutput]
-    output_types: Mapping[str, DataType]
-    batching: bool
-    #: shared RequestedOutput records, one per (name, binary, classes) of the model's own
-    #: outputs (a frozen record costs more to build than the rest of an output entry).
-    requested: dict[tuple[str, bool, int], RequestedOutput]
     repeats: Repeats
 
     @classmethod
     def for_config(cls, config: ModelConfig) -> ModelCodec:
-        return cls(
-            config=config,
-            rules=ConfigRules(config),
-            outputs={tensor.name: tensor for tensor in config.output},
-            output_types={tensor.name: tensor.data_type for tensor in config.output},
-            batching=config.max_batch_size > 0,
-            requested={},
-            repeats=Repeats(),
-        )
+        return cls(**ModelTables.fields_for(config), repeats=Repeats())  # type: ignore[arg-type]
 
     @classmethod
     def of(cls, config: ModelConfig | ModelCodec) -> ModelCodec:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from nereid.datatypes import DataType
-from nereid.http import wire_inputs, wire_outputs
+from nereid import wire_inputs, wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
 
 __all__ = ["Repeats", "RepeatCounters", "LearntAnswer"]

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from nereid.datatypes import DATATYPES, DataType
 from nereid.errors import InvalidInputError, ModelExecutionError
-from nereid.http.wire_inputs import bytes_object_array
+from nereid.wire_inputs import bytes_object_array
 
 __all__ = ["BYTES", "binary_blob", "bytes_items", "bytes_object_array", "classify", "copied_whole", "json_output_data", "output_array"]
 
