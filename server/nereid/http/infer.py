@@ -100,13 +100,8 @@ class InferEndpoint:
         try:
             call = self._parse(name, version_text, headers, body, shm, responder)
             return call.serving.submit(call.request, received_ns, call.answer)
-        except NereidError as exc:
-            shm.release()
-            responder.reply(*error_parts(exc))
         except Exception as exc:  # a bug must cost one request, not the connection
-            shm.release()
-            _log.exception("infer on model %r failed unexpectedly", name)
-            responder.reply(*error_parts(_internal_error(name, exc)))
+            _refuse(name, exc, shm, responder)
         return None
 
     def _serving(self, name: str, version_text: str | None) -> ServingModel:
@@ -123,8 +118,16 @@ class InferEndpoint:
         options = self.options
         if headers.content_encoding:
             body = decode_body(body, headers.content_encoding, max_size=options.max_request_size)
-        request = read_request(
-            body, headers.header_length, codec, name, serving.version, options.http_max_input_size, shm.resolve
+        return self._call(name, serving, codec, headers, body, shm, responder)
+
+    def _call(
+        self, name: str, serving: ServingModel, codec: ModelCodec, headers: InferHeaders,
+        decoded: bytes | InferRequest, shm: Any, responder: Responder,
+    ) -> _InferCall:
+        """The request of a decoded body (read here; or already parsed off the loop)."""
+        request = decoded if isinstance(decoded, InferRequest) else read_request(
+            decoded, headers.header_length, codec, name, serving.version, self.options.http_max_input_size,
+            shm.resolve,
         )
         return _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
 
@@ -157,25 +160,13 @@ class InferEndpoint:
                 options.max_request_size, options.http_max_input_size,
             )
             del body
-            if isinstance(decoded, bytes):
-                request = read_request(
-                    decoded, headers.header_length, codec, name, serving.version, options.http_max_input_size,
-                    shm.resolve,
-                )
-            else:
-                request = decoded
-            call = _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
-            started.ticket = serving.submit(request, received_ns, call.answer)
+            call = self._call(name, serving, codec, headers, decoded, shm, responder)
+            started.ticket = serving.submit(call.request, received_ns, call.answer)
         except asyncio.CancelledError:  # withdrawn: the client went away
             shm.release()
             raise
-        except NereidError as exc:
-            shm.release()
-            responder.reply(*error_parts(exc))
         except Exception as exc:  # a bug, or the decode process died: one request fails
-            shm.release()
-            _log.exception("decoding a large infer request for model %r failed unexpectedly", name)
-            responder.reply(*error_parts(_internal_error(name, exc)))
+            _refuse(name, exc, shm, responder)
 
     async def aclose(self) -> None:
         """Cancel the decoding still running and stop the decode process."""
@@ -234,6 +225,16 @@ def encode_answer(
     if encoded.learnt is not None:
         codec.repeats.learn_answer(request, result.outputs, result.model_version, encoded.learnt)
     return encoded
+
+
+def _refuse(name: str, exc: Exception, shm: Any, responder: Responder) -> None:
+    """A request that failed before it was queued: its shared memory let go, its error
+    answered (a bug, anything but a NereidError, is logged and answered as internal)."""
+    shm.release()
+    if not isinstance(exc, NereidError):
+        _log.exception("infer on model %r failed unexpectedly", name)
+        exc = _internal_error(name, exc)
+    responder.reply(*error_parts(exc))
 
 
 def _internal_error(model: str, exc: BaseException) -> InternalError:

@@ -141,16 +141,15 @@ class RequestReader:
     def release(self, request: Request) -> None:
         """``request`` was answered: its body bytes go back to the budget."""
         if request.reserved:
-            self._budget.held -= request.reserved
-            self._held -= request.reserved
+            self._give_back(request.reserved)
             request.reserved = 0
 
     def close(self) -> None:
         """The connection is gone: give back every byte held and drop the parser and the
         connection (both refer back to this object) and the buffers, so they go now, not
         at the next cyclic collection."""
-        self._budget.held -= self._held
-        self._held = self._reserved = 0
+        self._give_back(self._held)
+        self._reserved = 0
         self._parser = None
         self._chunks = []
         self._headers = []
@@ -267,14 +266,18 @@ class RequestReader:
         self._reserved += size
         return True
 
+    def _give_back(self, size: int) -> None:
+        """Return ``size`` held body bytes to the server's budget."""
+        self._budget.held -= size
+        self._held -= size
+
     def _refuse(self, answer: Answer) -> None:
         """Hand over the request being read as a refusal (``answer``) without reading the
         rest of it: what follows on the socket cannot be framed."""
         self._refusal = answer
         self._chunks = []
         self.in_message = False
-        self._budget.held -= self._reserved
-        self._held -= self._reserved
+        self._give_back(self._reserved)
         self._reserved = 0
         method = self._parser.get_method() if self.headers_done else b"GET"
         self._reading.take_refusal(Request(method, self._url, self._headers, b"", False, "1.1", answer))
