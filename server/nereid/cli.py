@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from nereid import __version__
-from nereid.options import HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
+from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
 
 __all__ = ["main", "build_parser", "options_from_args"]
 
@@ -83,6 +83,7 @@ _FLAGS = (
     _Flag("--http-port", "http_port", _port, f"HTTP port (default {_DEFAULTS.http_port})"),
     _Flag("--grpc-port", "grpc_port", _port, f"gRPC port (default {_DEFAULTS.grpc_port})"),
     _Flag("--allow-grpc", "allow_grpc", _bool, "serve gRPC (default true)"),
+    _Flag("--grpc-server", "grpc_server", str, f"gRPC engine (default {_DEFAULTS.grpc_server})", GRPC_SERVERS),
     _Flag("--grpc-max-message-size", "grpc_max_message_size", _size, "largest gRPC message in bytes, either way (default 2147483647, Triton's)"),
     _Flag("--grpc-keepalive-time", "grpc_keepalive_time", _size, f"ms between keepalive pings (default {_DEFAULTS.grpc_keepalive_time})"),
     _Flag("--grpc-keepalive-timeout", "grpc_keepalive_timeout", _size, f"ms to wait for a keepalive ack (default {_DEFAULTS.grpc_keepalive_timeout})"),

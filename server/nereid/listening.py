@@ -22,13 +22,13 @@ class StartupError(Exception):
 
 
 _LISTEN_ADVICE = {
-    errno.EADDRINUSE: "address already in use (another server is running there? choose another --http-port)",
-    errno.EACCES: "permission denied (ports below 1024 need privileges; choose another --http-port)",
+    errno.EADDRINUSE: "address already in use (another server is running there? choose another {flag})",
+    errno.EACCES: "permission denied (ports below 1024 need privileges; choose another {flag})",
     errno.EADDRNOTAVAIL: "this host has no such address (check --http-address)",
 }
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, flag: str = "--http-port") -> socket.socket:
     """A listening TCP socket on ``host:port``, bound before any model loads, so that a
     busy port is one clear StartupError and "serving" is logged only once it is bound."""
     where = f"{host}:{port}"
@@ -45,13 +45,14 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise listen_error(where, exc) from exc
+        raise listen_error(where, exc, flag) from exc
     sock.setblocking(False)
     return sock
 
 
-def listen_error(where: str, exc: OSError) -> StartupError:
-    reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc))
+def listen_error(where: str, exc: OSError, flag: str = "--http-port") -> StartupError:
+    """The one line for a port that cannot be bound; ``flag`` is the one that chose it."""
+    reason = _LISTEN_ADVICE.get(exc.errno or 0, exc.strerror or str(exc)).format(flag=flag)
     return StartupError(f"cannot listen on {where}: {reason}")
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerOptions", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
+__all__ = ["ServerOptions", "GRPC_SERVERS", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
 
 HTTP_SERVERS = ("native", "uvicorn", "granian", "hypercorn")
+GRPC_SERVERS = ("native", "grpcio")
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 
 
@@ -28,6 +29,8 @@ class ServerOptions:
     #: gRPC (Triton's GRPCInferenceService) on the HTTP address.
     grpc_port: int = 8001
     allow_grpc: bool = True
+    #: the gRPC engine: nereid's own HTTP/2 transport, or grpcio's asyncio server.
+    grpc_server: str = "native"
     #: largest gRPC message either way (Triton's: 2 GiB - 1).
     grpc_max_message_size: int = 2**31 - 1
     #: tritonserver's gRPC keepalive flags, with its defaults (milliseconds).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 
 if TYPE_CHECKING:
+    from nereid.grpc.native import NativeGrpcServer
     from nereid.grpc.service import GrpcServer
 
 __all__ = ["Server", "StartupError", "format_model_table"]
@@ -84,6 +86,11 @@ class Server(InProcessServer):
         _log.info("models:\n%s", table)
         ready = self.manager.is_ready(self.options.strict_readiness)
         _log.info("server is %s", "ready" if ready else "NOT ready (a model is unavailable)")
+        # What startup made (modules, models) lives as long as the server: out of the
+        # collector's sight, full collections stay short (about 20 ms each otherwise,
+        # every few seconds under load: perf/README.md, "Garbage collection").
+        gc.collect()
+        gc.freeze()
         if self.started is not None:
             self.started.set()
 
@@ -148,23 +155,31 @@ class Server(InProcessServer):
             self.shm.close()
         _log.info("nereid stopped")
 
-    async def _start_grpc(self) -> GrpcServer | None:
+    async def _start_grpc(self) -> GrpcServer | NativeGrpcServer | None:
         """gRPC on --grpc-port (same address as HTTP), bound before any model loads; a
         port that cannot be bound stops the server with one line, as for HTTP."""
         options = self.options
         if not options.allow_grpc:
             return None
-        from nereid.grpc.service import GrpcServer, InferenceService  # grpcio loads only when serving gRPC
+        from nereid.grpc.native import NativeGrpcServer  # gRPC's modules load only when serving gRPC
+        from nereid.grpc.service import GrpcServer, InferenceService
 
-        server = GrpcServer(InferenceService(self.manager, options, self.shm), options)
+        service = InferenceService(self.manager, options, self.shm)
+        server: GrpcServer | NativeGrpcServer
+        if options.grpc_server == "grpcio":
+            server = GrpcServer(service, options)
+        else:
+            server = NativeGrpcServer(service, options)
         try:
             self.grpc_port = await server.start()
+        except StartupError as exc:
+            raise StartupError(f"{exc} (or --allow-grpc false)") from exc
         except OSError as exc:
             raise StartupError(f"{exc} (another server is running there? choose another --grpc-port, or --allow-grpc false)") from exc
         _log.info("gRPC on %s:%d", options.http_address, self.grpc_port)
         return server
 
-    async def _stop_grpc_on_shutdown(self, server: GrpcServer | None) -> None:
+    async def _stop_grpc_on_shutdown(self, server: GrpcServer | NativeGrpcServer | None) -> None:
         """At shutdown, gRPC stops taking calls and lets those in flight finish (up to
         --exit-timeout-secs), alongside HTTP's drain."""
         if server is None or self._shutdown is None:

@@ -17,7 +17,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 from google.protobuf import json_format
@@ -29,6 +29,7 @@ from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, Un
 from nereid.grpc.codec import decode_request, encode_response, status_of
 from nereid.log import LogSettings, apply_log_settings, log_settings
 from nereid.model_manager import ModelManager, ServingModel
+from nereid.serving import Ticket
 from nereid.model_tables import ModelTables
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
@@ -36,6 +37,9 @@ from nereid.shared_memory import SharedMemoryManager
 __all__ = ["GrpcServer", "InferenceService"]
 
 _log = logging.getLogger("nereid")
+
+#: How ``start_infer`` answers: (the ModelInferResponse, None) or (None, the error).
+OnResponse = Callable[[Any, "BaseException | None"], None]
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: NereidError) -> Any:
@@ -140,8 +144,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def _serving(self, request: Any) -> ServingModel:
         return self.manager.get(request.model_name, admin.parse_version(request.model_version))
 
-    async def _infer(self, request: Any, received_ns: int) -> Any:
-        """One request through the one flow: decode, queue, encode. Raises NereidError."""
+    def start_infer(self, request: Any, received_ns: int, answer: OnResponse) -> Ticket:
+        """ModelInfer's one path: decode, queue, and (from the batch that answers it) encode.
+        ``answer(response, error)`` is called once (error: a NereidError, or the
+        CancelledError of a withdrawn ticket); what is refused before queueing raises
+        NereidError instead. ``ticket.withdraw()`` if the caller goes away."""
         serving = self._serving(request)
         if serving.config.decoupled:
             raise UnsupportedError(
@@ -150,12 +157,44 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             )
         codec = self._tables_of(serving)
         lease = self.shm.lease()
+
+        def on_answer(outputs: Any, error: BaseException | None) -> None:
+            response = None
+            try:
+                if error is None:
+                    response = encode_response(
+                        outputs, infer_request, codec, serving.version, serving.labels, lease.write
+                    )
+            except NereidError as exc:
+                error = exc
+            finally:
+                lease.release()
+            answer(response, error)
+
         try:
             infer_request = decode_request(request, codec, serving.version, lease.resolve)
-            outputs = await serving.infer(infer_request, received_ns)
-            return encode_response(outputs, infer_request, codec, serving.version, serving.labels, lease.write)
-        finally:
+            return serving.submit(infer_request, received_ns, on_answer)
+        except BaseException:
             lease.release()
+            raise
+
+    async def _infer(self, request: Any, received_ns: int) -> Any:
+        """``start_infer`` awaited. Raises NereidError."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answer(response: Any, error: BaseException | None) -> None:
+            if not future.done():
+                if error is None:
+                    future.set_result(response)
+                else:
+                    future.set_exception(error)
+
+        ticket = self.start_infer(request, received_ns, answer)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            ticket.withdraw()
+            raise
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         try:

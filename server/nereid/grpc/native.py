@@ -1,0 +1,368 @@
+"""NativeGrpcServer: the InferenceService on nereid's own gRPC transport (``transport.py``).
+
+Owns the listening socket, the calls of every connection and graceful shutdown. A call
+is routed by its ``:path`` to the service's method: ModelInfer goes from the bytes
+received straight to ``InferenceService.start_infer`` and its answer back through
+``GrpcConnection.respond`` (no task, Future or context per call); every other unary RPC
+runs its coroutine in a task with a small context (``abort``), and ModelStreamInfer runs
+the service's generator over the messages as they arrive. ``grpc-timeout`` deadlines,
+the message size limit and the keep-alive PINGs of
+tritonserver's flags apply here. ``--grpc-server grpcio`` serves the same service on
+grpcio's server instead (``service.GrpcServer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Callable
+
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from nereid.errors import NereidError
+from nereid.grpc.codec import status_of
+from nereid.grpc.service import InferenceService
+from nereid.grpc.transport import GrpcConnection, GrpcStream, Status
+from nereid.listening import listen
+from nereid.options import ServerOptions
+
+__all__ = ["NativeGrpcServer"]
+
+_log = logging.getLogger("nereid")
+
+_SERVICE = "inference.GRPCInferenceService"
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_SWEEP_S = 1.0
+
+
+class _Aborted(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Context:
+    """The part of grpcio's ServicerContext the service uses: ``abort`` records the status
+    and raises (as grpcio's does, so an abort inside a stream's reader task still ends
+    the call with it)."""
+
+    __slots__ = ("aborted",)
+
+    def __init__(self) -> None:
+        self.aborted: _Aborted | None = None
+
+    async def abort(self, code: Any, details: str) -> None:
+        self.aborted = _Aborted(code.value[0], details)
+        raise self.aborted
+
+
+class _Method:
+    __slots__ = ("name", "request_type", "implementation", "streaming")
+
+    def __init__(self, name: str, request_type: Any, implementation: Any, streaming: bool) -> None:
+        self.name = name
+        self.request_type = request_type
+        self.implementation = implementation
+        self.streaming = streaming
+
+
+class _Call:
+    """One stream's call: its method, the request (unary) or the queue of requests
+    (streaming), what runs it (a batcher ticket or a task) and its deadline timer."""
+
+    __slots__ = ("method", "received_ns", "request", "requests", "running", "timer")
+
+    def __init__(self, method: _Method, received_ns: int) -> None:
+        self.method = method
+        self.received_ns = received_ns
+        self.request: bytes | None = None
+        self.requests: asyncio.Queue[bytes | None] | None = None
+        self.running: Any = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _timeout_seconds(value: bytes) -> float | None:
+    """A grpc-timeout header's seconds ("100m": 0.1), None when it does not parse."""
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+        return None
+    return int(value[:-1]) * unit
+
+
+class NativeGrpcServer:
+    """The gRPC listener of one nereid server on its event loop (the ``Calls`` of its
+    connections)."""
+
+    def __init__(self, service: InferenceService, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.service = service
+        self.address = options.http_address
+        self.requested_port = options.grpc_port
+        self.max_message_size = options.grpc_max_message_size
+        self.keepalive_time = options.grpc_keepalive_time / 1000
+        self.keepalive_timeout = options.grpc_keepalive_timeout / 1000
+        self.keepalive_without_calls = options.grpc_keepalive_permit_without_calls
+        self.clock = clock
+        #: the coarse time connections note when they hear from their client
+        self.now = clock()
+        self.port: int | None = None
+        self.connections: set[GrpcConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._methods = self._method_table(service)
+        self._model_infer = self._methods[f"/{_SERVICE}/ModelInfer".encode()]
+
+    @staticmethod
+    def _method_table(service: InferenceService) -> dict[bytes, _Method]:
+        descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        return {
+            f"/{_SERVICE}/{method.name}".encode(): _Method(
+                method.name, getattr(service_pb2, method.input_type.name), getattr(service, method.name),
+                method.server_streaming,
+            )
+            for method in descriptor.methods
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Listen; the bound port (0 picks one). OSError (StartupError) when it cannot be bound."""
+        loop = asyncio.get_running_loop()
+        sock = listen(self.address, self.requested_port, "--grpc-port")
+        self._listener = await loop.create_server(self._connection, sock=sock, backlog=2048)
+        self.port = int(sock.getsockname()[1])
+        self._sweeper = loop.call_later(_SWEEP_S, self._sweep)
+        return self.port
+
+    def _connection(self) -> GrpcConnection:
+        connection = GrpcConnection(self)
+        connection.last_heard = self.now
+        self.connections.add(connection)
+        return connection
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking connections and calls (GOAWAY), let calls in flight finish for
+        ``grace`` seconds, then close everything."""
+        if self._listener is None:
+            return
+        listener, self._listener = self._listener, None
+        listener.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for connection in list(self.connections):
+            connection.go_away()
+        deadline = time.monotonic() + grace
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.close()
+        await asyncio.sleep(0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await listener.wait_closed()
+
+    def _sweep(self) -> None:
+        """Move ``now``; PING connections quiet for --grpc-keepalive-time, close those
+        that leave a PING unanswered for --grpc-keepalive-timeout."""
+        self.now = now = self.clock()
+        for connection in list(self.connections):
+            if connection.ping_sent_at is not None:
+                if now - connection.ping_sent_at >= self.keepalive_timeout:
+                    _log.info("gRPC: closing a connection that did not answer a keep-alive PING")
+                    connection.close()
+            elif now - connection.last_heard >= self.keepalive_time and (
+                connection.streams or self.keepalive_without_calls
+            ):
+                connection.ping(now)
+        if self._listener is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
+
+    # -- Calls (what connections tell) ---------------------------------------------------
+
+    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        headers = stream.headers
+        method = self._methods.get(headers.get(b":path", b""))
+        if method is None:
+            path = headers.get(b":path", b"").decode("latin-1")
+            connection.finish(stream, Status.UNIMPLEMENTED, f"Method not found: {path}")
+            return
+        call = stream.call = _Call(method, time.monotonic_ns())
+        timeout = headers.get(b"grpc-timeout")
+        if timeout is not None:
+            seconds = _timeout_seconds(timeout)
+            if seconds is None:
+                connection.finish(stream, Status.INTERNAL, f"Invalid grpc-timeout {timeout.decode('latin-1')!r}")
+                return
+            call.timer = asyncio.get_running_loop().call_later(seconds, self._expire, connection, stream)
+        if method.streaming:
+            call.requests = asyncio.Queue()
+            self._run(connection, stream, self._stream(connection, stream, call))
+
+    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
+        call: _Call | None = stream.call
+        if call is None:
+            return
+        if call.requests is not None:
+            call.requests.put_nowait(data)
+        elif call.request is None:
+            call.request = data
+        else:
+            self._fail(connection, stream, Status.UNIMPLEMENTED, "More than one request message in a unary call")
+
+    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _Call | None = stream.call
+        if call is None:
+            return
+        if call.requests is not None:
+            call.requests.put_nowait(None)
+            return
+        data = call.request
+        if data is None:
+            self._fail(connection, stream, Status.UNIMPLEMENTED, "No request message in a unary call")
+            return
+        call.request = None
+        try:
+            request = call.method.request_type.FromString(data)
+        except DecodeError:
+            self._fail(connection, stream, Status.INTERNAL, "Unable to parse request")
+            return
+        if call.method is self._model_infer:
+            self._start_infer(connection, stream, call, request)
+        else:
+            self._run(connection, stream, self._unary(connection, stream, call, request))
+
+    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _Call | None = stream.call
+        if call is None:
+            return
+        stream.call = None
+        if call.timer is not None:
+            call.timer.cancel()
+        running = call.running
+        if running is not None:
+            call.running = None
+            if isinstance(running, asyncio.Task):
+                running.cancel()
+            else:
+                running.withdraw()
+
+    def closed(self, connection: GrpcConnection) -> None:
+        self.connections.discard(connection)
+
+    # -- running calls -------------------------------------------------------------------
+
+    def _start_infer(self, connection: GrpcConnection, stream: GrpcStream, call: _Call, request: Any) -> None:
+        """ModelInfer from the bytes to the batcher; answered from the batch that runs it."""
+
+        def answer(response: Any, error: BaseException | None) -> None:
+            if stream.call is not call:  # reset, or past its deadline
+                return
+            self._done(stream, call)
+            if error is None:
+                connection.respond(stream, response.SerializeToString())
+            elif isinstance(error, NereidError):
+                connection.finish(stream, status_of(error).value[0], error.message)
+            elif not isinstance(error, asyncio.CancelledError):
+                _log.error("gRPC: ModelInfer failed", exc_info=error)
+                connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
+
+        try:
+            ticket = self.service.start_infer(request, call.received_ns, answer)
+        except NereidError as exc:
+            self._fail(connection, stream, status_of(exc).value[0], exc.message)
+            return
+        if stream.call is call:
+            call.running = ticket
+
+    async def _unary(self, connection: GrpcConnection, stream: GrpcStream, call: _Call, request: Any) -> None:
+        context = _Context()
+        try:
+            response = await call.method.implementation(request, context)
+        except _Aborted as aborted:
+            self._finish(connection, stream, call, aborted.code, aborted.message)
+            return
+        if stream.call is call:
+            self._done(stream, call)
+            connection.respond(stream, response.SerializeToString())
+
+    async def _stream(self, connection: GrpcConnection, stream: GrpcStream, call: _Call) -> None:
+        context = _Context()
+        requests = call.requests
+        request_type = call.method.request_type
+        assert requests is not None
+
+        async def parsed() -> AsyncIterator[Any]:
+            while (data := await requests.get()) is not None:
+                try:
+                    message = request_type.FromString(data)
+                except DecodeError:
+                    await context.abort(_INTERNAL, "Unable to parse request")
+                yield message
+
+        try:
+            async for response in call.method.implementation(parsed(), context):
+                if stream.call is not call:
+                    return
+                connection.send_message(stream, response.SerializeToString())
+                await connection.writable(stream)
+        except _Aborted:
+            pass
+        aborted = context.aborted
+        if aborted is not None:
+            self._finish(connection, stream, call, aborted.code, aborted.message)
+        else:
+            self._finish(connection, stream, call, Status.OK, "")
+
+    def _run(self, connection: GrpcConnection, stream: GrpcStream, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self._guarded(connection, stream, coroutine))
+        call: _Call = stream.call
+        if stream.call is call and not stream.finished:
+            call.running = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, connection: GrpcConnection, stream: GrpcStream, coroutine: Any) -> None:
+        call = stream.call
+        try:
+            await coroutine
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # a bug: the call fails, the server goes on
+            _log.exception("gRPC: %s failed", call.method.name if call is not None else "a call")
+            self._finish(connection, stream, call, Status.INTERNAL, f"internal error: {exc}")
+
+    def _expire(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call = stream.call
+        if call is not None:
+            call.timer = None
+            self.reset(connection, stream)
+            connection.finish(stream, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _done(self, stream: GrpcStream, call: _Call) -> None:
+        stream.call = None
+        call.running = None  # the ticket's callback refers back to the call: no cycle left behind
+        if call.timer is not None:
+            call.timer.cancel()
+
+    def _finish(self, connection: GrpcConnection, stream: GrpcStream, call: _Call | None, status: int, message: str) -> None:
+        if call is not None and stream.call is call:
+            self._done(stream, call)
+            connection.finish(stream, status, message)
+
+    def _fail(self, connection: GrpcConnection, stream: GrpcStream, status: int, message: str) -> None:
+        """End a call that never started running (nothing to cancel)."""
+        self._finish(connection, stream, stream.call, status, message)
+
+
+class _StatusCode:
+    """An object shaped like grpc.StatusCode for ``_Context.abort``."""
+
+    def __init__(self, code: int) -> None:
+        self.value = (code, "")
+
+
+_INTERNAL = _StatusCode(Status.INTERNAL)
