@@ -101,6 +101,7 @@ dims = [2]
 [dynamic_batching]
 [dynamic_batching.default_queue_policy]
 max_queue_size = 1
+allow_timeout_override = true
 """
 
 # Holds the instance until the test creates the file "open" beside model.py.

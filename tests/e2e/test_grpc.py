@@ -90,15 +90,29 @@ class Model:
 """
 
 
-@pytest.fixture
-def grpc_server(repo: RepoBuilder, tmp_path: Path) -> Any:
+SLOW = """
+import time
+
+class Model:
+    def infer(self, inputs):
+        time.sleep(1.0)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+#: Both gRPC engines answer the whole suite: nereid's own transport and grpcio's server.
+ENGINES = ["native", "grpcio"]
+
+
+@pytest.fixture(params=ENGINES)
+def grpc_server(repo: RepoBuilder, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
     repo.add("identity", CONFIG)
     repo.add("strings", STRINGS, model=STRINGS_MODEL)
     repo.add("failing", CONFIG, model=FAILING)
     repo.add("steps", STEPS, model=STEPS_MODEL)
+    repo.add("slow", CONFIG, model=SLOW)
     grpc_port = free_port()
     server = start_server(repo.root, "--grpc-port", str(grpc_port), "--model-control-mode", "explicit",
-                          "--load-model", "*", log_dir=tmp_path)
+                          "--load-model", "*", "--grpc-server", request.param, log_dir=tmp_path)
     yield server
     server.stop()
 
@@ -257,14 +271,16 @@ def test_the_aio_client_and_the_repository_api(grpc_server: RunningServer) -> No
     asyncio.run(main())
 
 
-def test_a_busy_grpc_port_is_one_line_before_any_model_loads(repo: RepoBuilder, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_busy_grpc_port_is_one_line_before_any_model_loads(repo: RepoBuilder, tmp_path: Path, engine: str) -> None:
     repo.add("identity", CONFIG)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(AssertionError, match=re.escape(f"127.0.0.1:{port}")):
-            start_server(repo.root, "--grpc-port", str(port), log_dir=tmp_path, timeout=30)
+        with pytest.raises(AssertionError, match=re.escape(f"127.0.0.1:{port}")) as caught:
+            start_server(repo.root, "--grpc-port", str(port), "--grpc-server", engine, log_dir=tmp_path, timeout=30)
+    assert "loading" not in str(caught.value)
 
 
 @pytest.mark.parametrize("extra", [[], ["--async"], ["--shared-memory", "system"]], ids=["sync", "async", "shm"])
@@ -310,10 +326,13 @@ dims = [-1]
 """
 
 
-def test_a_message_over_the_size_limit_is_refused_and_the_server_goes_on(repo: RepoBuilder, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_message_over_the_size_limit_is_refused_and_the_server_goes_on(repo: RepoBuilder, tmp_path: Path,
+                                                                          engine: str) -> None:
     repo.add("vector", VECTOR)
     port = free_port()
-    server = start_server(repo.root, "--grpc-port", str(port), "--grpc-max-message-size", "2000", log_dir=tmp_path)
+    server = start_server(repo.root, "--grpc-port", str(port), "--grpc-max-message-size", "2000",
+                          "--grpc-server", engine, log_dir=tmp_path)
     try:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         with pytest.raises(InferenceServerException) as caught:
@@ -395,3 +414,34 @@ def test_text_generator_streams_over_grpc_to_the_stock_clients(example_server: R
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Throughput:" in run.stdout
+
+
+def test_a_deadline_that_passes_is_deadline_exceeded_and_the_server_goes_on(grpc_server: RunningServer) -> None:
+    client = _client(grpc_server)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("slow", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=0.2)
+    assert _status(caught.value) == "StatusCode.DEADLINE_EXCEEDED"
+    answer = client.infer("identity", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=30)
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
+    client.close()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_answered(grpc_server: RunningServer, algorithm: str) -> None:
+    client = _client(grpc_server)
+    data = np.arange(400, dtype=np.float32).reshape(100, 4) % 7
+    data = data[:8]
+    answer = client.infer("identity", [_input("INPUT0", data, "FP32")], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), data)
+    client.close()
+
+
+def test_an_unknown_method_is_unimplemented(grpc_server: RunningServer) -> None:
+    import grpc
+
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:
+        for path in ("/inference.GRPCInferenceService/NoSuchCall", "/other.Service/Call"):
+            with pytest.raises(grpc.RpcError) as caught:
+                channel.unary_unary(path)(b"")
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, path
+    assert _client(grpc_server).is_server_live()
