@@ -11,6 +11,7 @@ and the throughput (infer/sec) and p50/p99 latency (microseconds) are read from 
     .venv/bin/python perf/bench_identity.py --only-triton        # Triton alone
     .venv/bin/python perf/bench_identity.py --smoke              # concurrency 4, a few seconds
     .venv/bin/python perf/bench_identity.py --baseline-cmd CMD   # this build vs another, interleaved
+    .venv/bin/python perf/bench_identity.py --protocol grpc --baseline-arg='--grpc-server grpcio'  # vs other flags
 
 Triton is real tritonserver 2.51 (Python backend) started by
 ../shared/tools/triton-anchor serve ../shared/tools/triton_repo (run
@@ -270,18 +271,25 @@ class Nereid(Server):
             cmd += ["--grpc-port", str(self.grpc_port)]
         if self.args.http_server:
             cmd += ["--http-server", self.args.http_server]
-        for extra in self.args.nereid_arg:
+        for extra in self.extra_args():
             cmd += extra.split()
         return cmd
 
+    def extra_args(self) -> list[str]:
+        return list(self.args.nereid_arg)
+
 
 class Baseline(Nereid):
-    """Another nereid build (``--baseline-cmd``), measured interleaved with this one."""
+    """Another nereid build (``--baseline-cmd``), or this one with other flags
+    (``--baseline-arg``), measured interleaved with this one."""
 
     name = "baseline"
 
     def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
         super().__init__(log_dir, args, cmd=args.baseline_cmd)
+
+    def extra_args(self) -> list[str]:
+        return list(self.args.baseline_arg) if self.args.baseline_arg else list(self.args.nereid_arg)
 
 
 class Triton(Server):
@@ -590,6 +598,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-cmd", default=None,
                    help="command that runs another nereid build, measured interleaved with this "
                         "one (e.g. 'env PYTHONPATH=/tmp/old/server .venv/bin/python -m nereid')")
+    p.add_argument("--baseline-arg", action="append", default=[],
+                   help="the baseline's own `nereid serve` argument(s) instead of --nereid-arg (repeatable); "
+                        "without --baseline-cmd the baseline is this build, e.g. --baseline-arg='--grpc-server grpcio'")
     p.add_argument("--triton", action="store_true",
                    help="also measure real Triton, interleaved with nereid")
     p.add_argument("--only-triton", action="store_true", help="measure Triton only")
@@ -641,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     if not args.only_triton:
         servers.append(Nereid(work, args))
-    if args.baseline_cmd:
-        if args.protocol == "grpc":
+    if args.baseline_cmd or args.baseline_arg:
+        if args.protocol == "grpc" and args.baseline_cmd:
             log("--baseline-cmd measures HTTP only (a build from before gRPC has none)")
             return 2
         servers.append(Baseline(work, args))

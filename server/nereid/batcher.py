@@ -340,6 +340,12 @@ class DynamicBatcher:
         order = self._order  # None: answers go out at once, else they may have to wait
         for pending, outputs in zip(batch, outcome.outputs):
             answer = pending.answer
+            if isinstance(outputs, NereidError):  # that request alone failed (a Triton model's error response)
+                if answer.done():
+                    self.stats.record_failure(end - pending.received_ns, "BACKEND")
+                else:
+                    self._fail(pending, outputs, "BACKEND")
+                continue
             if answer.done():  # withdrawn while it ran (its client left): executed, so counted
                 pass
             elif order is None:
@@ -363,8 +369,15 @@ class DynamicBatcher:
         stats = self.stats
 
         def sink(parts: list[Any], finished: list[bool]) -> None:
+            # A part may be None (nothing for that request this time: finished alone
+            # ends it) or a NereidError (that request alone fails).
             for stream, part, last in zip(streams, parts, finished):
-                if last:
+                if part is None:
+                    if last:
+                        stream.finish()
+                elif isinstance(part, NereidError):
+                    stream.set_exception(part)
+                elif last:
                     stream.set_result(part)
                 else:
                     stream.put(part)

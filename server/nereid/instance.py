@@ -30,6 +30,7 @@ from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.model_faults import MODEL_FAULTS, FaultLog
 from nereid.model_file import ModelClass, describe_exception
+from nereid.triton_python.adapter import TritonModel
 
 __all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
 
@@ -219,7 +220,7 @@ class ModelInstance:
                 f"{self.name}: {describe_exception(exc)}",
                 str(self.model_class.path),
             ) from exc
-        self._infer = self._model.infer
+        self._infer = self._model.execute if self.model_class.triton else self._model.infer
         if self.model_class.has_batch_size:
             self._cost = self._batch_size
 
@@ -246,12 +247,17 @@ class ModelInstance:
             import torch  # lazily: only GPU instances need it
 
             torch.cuda.set_device(self.context.device)
+        if self.model_class.triton:
+            return TritonModel(self.model_class.cls, self.context)
         if not self.model_class.init_takes_context:
             return self.model_class.cls()
         return self.model_class.cls(self.context)
 
     async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
         """Execute one batch: never raises for model errors (they come back in the outcome)."""
+        if self.model_class.triton:
+            triton_outcome: BatchOutcome = await self._threads.call(self._run_triton, requests)
+            return triton_outcome
         if self.model_class.infer_is_async:
             return await self._run_async(requests)
         outcome: BatchOutcome = await self._threads.call(self._run_sync, requests)
@@ -284,6 +290,29 @@ class ModelInstance:
                 raise
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
         return self._split(raw, requests, t0, t1, time.monotonic_ns())
+
+    def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        """A TritonPythonModel's ``execute`` over the batch's requests, each answered on its
+        own: an error response (or outputs that do not fit the config) fails only its
+        request; a raise fails the batch."""
+        t0 = time.monotonic_ns()
+        try:
+            answers = self._model.execute(requests)
+        except BaseException as exc:  # on the instance thread: all of it is the model's
+            error = exc if isinstance(exc, NereidError) else self._execution_error(exc)
+            return BatchOutcome(None, error, 0, time.monotonic_ns() - t0, 0)
+        t1 = time.monotonic_ns()
+        outputs: list[Any] = []
+        for request, answer in zip(requests, answers):
+            if isinstance(answer, NereidError):
+                outputs.append(answer)
+                continue
+            try:
+                outputs.append(split(answer, [request], self.config, self.context.model_name)[0])
+            except NereidError as exc:
+                self._output_fault(exc)
+                outputs.append(exc)
+        return BatchOutcome(outputs, None, 0, t1 - t0, time.monotonic_ns() - t1)
 
     def _parameters(self, requests: Sequence[InferRequest]) -> tuple[list[Mapping[str, Any]], ...]:
         """``(per_row,)`` for a model whose infer takes parameters, else ``()``: one dict of
@@ -319,6 +348,8 @@ class ModelInstance:
         early once ``abandoned()`` (every request finished or gone). Never raises for model
         errors (they come back in the outcome)."""
         loop = asyncio.get_running_loop()
+        if self.model_class.triton:
+            return await self._stream_triton(requests, sink, abandoned)
         if self.model_class.infer_is_async:
             return await self._stream_async(requests, sink, abandoned)
 
@@ -327,6 +358,53 @@ class ModelInstance:
 
         outcome: BatchOutcome = await self._threads.call(self._stream_sync, requests, deliver, abandoned)
         return outcome
+
+    async def _stream_triton(
+        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool]
+    ) -> BatchOutcome:
+        """A decoupled TritonPythonModel: ``execute`` runs on the instance thread and
+        returns; responses come through each request's sender, from any thread, until
+        each request's final flag (or until nobody listens)."""
+        loop = asyncio.get_running_loop()
+        count = len(requests)
+        open_requests = set(range(count))
+        all_final = loop.create_future()
+        name = self.context.model_name
+        config = self.config
+
+        def on_loop(index: int, answer: Any, final: bool) -> None:
+            if index not in open_requests:
+                return
+            parts: list[Any] = [None] * count
+            finished = [False] * count
+            if isinstance(answer, dict):
+                try:
+                    answer = split(answer, [requests[index]], config, name)[0]
+                except NereidError as exc:
+                    self._output_fault(exc)
+                    answer, final = exc, True
+            elif answer is not None:  # an error response ends its request
+                final = True
+            parts[index], finished[index] = answer, final
+            sink(parts, finished)
+            if final:
+                open_requests.discard(index)
+            if (not open_requests or abandoned()) and not all_final.done():
+                all_final.set_result(None)
+
+        def deliver(index: int, answer: Any, final: bool) -> None:
+            loop.call_soon_threadsafe(on_loop, index, answer, final)
+
+        t0 = time.monotonic_ns()
+        try:
+            await self._threads.call(self._model.execute_decoupled, requests, deliver, lambda _: abandoned())
+        except BaseException as exc:
+            if _cancelled(exc):
+                raise
+            return self._stream_outcome(t0, exc)
+        if open_requests:
+            await all_final
+        return self._stream_outcome(t0, None)
 
     def _stream_sync(
         self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]

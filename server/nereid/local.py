@@ -22,13 +22,14 @@ import numpy as np
 
 from nereid.config.schema import ModelConfig, ModelInput
 from nereid.datatypes import DataType
-from nereid.errors import InvalidInputError, UnsupportedError
+from nereid.errors import InvalidInputError, NereidError, UnsupportedError
 from nereid.inference import InferRequest, ParameterValue
 from nereid.model_manager import IndexEntry, ModelManager
 from nereid.options import ServerOptions
 from nereid.request_checks import ConfigRules, Facts, Problem, triton_text
+from nereid.triton_python import pb_utils
 
-__all__ = ["LocalEndpoint", "InProcessServer"]
+__all__ = ["LocalEndpoint", "InProcessServer", "install_bls"]
 
 
 class LocalEndpoint:
@@ -75,6 +76,72 @@ class LocalEndpoint:
             return
         async for step in serving.stream(request, received):
             yield step
+
+
+def install_bls(manager: ModelManager, loop: asyncio.AbstractEventLoop) -> None:
+    """Let Triton Python-backend models call other models of this server (Business Logic
+    Scripting: ``pb_utils.InferenceRequest(...).exec()``), through a LocalEndpoint on
+    ``loop``, from their instance threads."""
+    endpoint = LocalEndpoint(manager)
+
+    def arguments(request: pb_utils.InferenceRequest) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        version = request.model_version()
+        options: dict[str, Any] = {"version": version if version >= 0 else None,
+                                   "parameters": json_parameters(request.parameters())}
+        if request.timeout():
+            options["timeout_us"] = request.timeout()
+        return request.model_name(), {t.name(): t.as_numpy() for t in request.inputs()}, options
+
+    def response(outputs: Mapping[str, np.ndarray], wanted: list[str]) -> pb_utils.InferenceResponse:
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in outputs.items() if not wanted or n in wanted])
+
+    def failed(exc: NereidError) -> pb_utils.InferenceResponse:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message))
+
+    def on_loop() -> bool:
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    async def call(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        model, inputs, options = arguments(request)
+        try:
+            return response(await endpoint.infer(model, inputs, **options), request.requested_output_names())
+        except NereidError as exc:
+            return failed(exc)
+
+    def execute(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        if on_loop():
+            raise pb_utils.TritonModelException("exec() cannot wait on the server's event loop: use async_exec()")
+        return asyncio.run_coroutine_threadsafe(call(request), loop).result()
+
+    def stream(request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        model, inputs, options = arguments(request)
+        wanted = request.requested_output_names()
+
+        async def pump() -> None:
+            try:
+                async for step in endpoint.stream(model, inputs, **options):
+                    steps.put(response(step, wanted))
+            except NereidError as exc:
+                steps.put(failed(exc))
+            finally:
+                steps.put(None)
+
+        asyncio.run_coroutine_threadsafe(pump(), loop)
+        while (item := steps.get()) is not None:
+            yield item
+
+    pb_utils.set_bls_executor(execute, stream)
+
+
+def json_parameters(text: str) -> dict[str, Any]:
+    import json
+
+    value = json.loads(text) if text else {}
+    return value if isinstance(value, dict) else {}
 
 
 def build_request(

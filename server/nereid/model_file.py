@@ -20,6 +20,7 @@ from typing import Sequence
 
 from nereid.errors import ModelLoadError
 from nereid.model_faults import MODEL_FAULTS, FaultLog
+from nereid.triton_python.adapter import install_pb_utils, is_triton_model
 
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
 
@@ -46,6 +47,9 @@ class ModelClass:
     #: ``__init__(self, context)``; False for a Model without an ``__init__`` of its own
     #: (or one taking only ``self``): it is built with no arguments.
     init_takes_context: bool = True
+    #: a Triton Python-backend ``TritonPythonModel`` (``cls``), run through
+    #: ``triton_python.adapter.TritonModel``
+    triton: bool = False
 
 
 class _SiblingFinder(importlib.abc.MetaPathFinder):
@@ -102,6 +106,7 @@ def load_model_class(
         sys.modules[module_name] = module
         finder = _SiblingFinder(model_file.parent, package)
         sys.meta_path.insert(0, finder)
+        install_pb_utils()  # a Triton Python-backend model imports triton_python_backend_utils
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:
@@ -117,9 +122,20 @@ def load_model_class(
                 if sibling is not None:
                     sys.modules[f"{package}.{name}"] = sibling
     cls = getattr(module, "Model", None)
+    if not isinstance(cls, type) and is_triton_model(module):
+        triton_class = module.TritonPythonModel
+        if not callable(getattr(triton_class, "execute", None)):
+            raise ModelLoadError(
+                model_name, f"{model_file}: class TritonPythonModel has no method 'execute'", str(model_file)
+            )
+        return ModelClass(
+            cls=triton_class, module=module, path=model_file, infer_is_async=False, infer_is_generator=False,
+            infer_takes_parameters=False, has_batch_size=False, has_close=True, triton=True,
+        )
     if not isinstance(cls, type):
         raise ModelLoadError(
-            model_name, f"{model_file}: expected a class named 'Model', found none", str(model_file)
+            model_name, f"{model_file}: expected a class named 'Model' (or Triton's 'TritonPythonModel'), found none",
+            str(model_file),
         )
     infer = getattr(cls, "infer", None)
     if not callable(infer):

@@ -29,7 +29,7 @@ from nereid.model_states import (
     VersionStatus,
 )
 from nereid.options import MODEL_CONTROL_MODES
-from nereid.repository import CONFIG_FILE, ModelSource, check_model_name, list_model_names, read_model
+from nereid.repository import ModelSource, check_model_name, is_model_folder, list_model_names, read_model
 from nereid.repository_watch import ChangeDetector, Changes, fingerprint_repository
 from nereid.serving import ServingModel, Ticket
 
@@ -325,12 +325,10 @@ class ModelManager:
                 reason = source.error or f"{source.path}: invalid config"
                 _log.error("failed to load '%s': %s", name, reason)
                 # A load API call for something that is not a model folder (no folder, or
-                # no config.toml and no override) leaves nothing behind: it never becomes
+                # no config file, model file or override) leaves nothing behind: it never becomes
                 # a model the server knows, nor makes the server unready. A model asked
                 # for at start-up is remembered either way.
-                is_model = config is not None or await asyncio.to_thread(
-                    (source.path / CONFIG_FILE).is_file
-                )
+                is_model = config is not None or await asyncio.to_thread(is_model_folder, source.path)
                 if startup or record.statuses or is_model:
                     record.source_failed(source.missing_versions, reason)
                 raise ModelLoadError(name, f"failed to load '{name}', {reason}", str(source.path))

@@ -1,7 +1,9 @@
 """Scan a model repository folder: which models exist, their configs and their versions.
 
-Owns the folder layout and the version policy. Imports no user code (that is
-model_file.py) and knows nothing about loading state or HTTP.
+Owns the folder layout (config.toml, or Triton's config.pbtxt, or neither when the model
+file's ``auto_complete_config`` supplies it) and the version policy. Runs no user code
+except a TritonPythonModel's ``auto_complete_config`` (triton_python/auto_complete.py);
+importing models is model_file.py's. Knows nothing about loading state or HTTP.
 """
 
 from __future__ import annotations
@@ -11,20 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nereid.config import load_model_config
+from nereid.config.pbtxt import PBTXT_FILE, load_pbtxt_config, read_pbtxt
 from nereid.config.schema import ModelConfig, VersionPolicy
 from nereid.errors import ConfigError, InvalidInputError, NereidError
+from nereid.triton_python.auto_complete import auto_complete_config
 
 __all__ = [
     "CONFIG_FILE",
+    "PBTXT_FILE",
     "ModelSource",
     "VersionSource",
     "check_model_name",
+    "is_model_folder",
     "list_model_names",
     "read_model",
     "select_versions",
 ]
 
 CONFIG_FILE = "config.toml"
+_MODEL_FILE = "model.py"
 #: The longest folder name the filesystem takes, in bytes (NAME_MAX on Linux and macOS).
 _NAME_MAX = 255
 
@@ -57,8 +64,8 @@ class ModelSource:
 
 
 def list_model_names(root: Path) -> list[str]:
-    """Every direct subfolder of ``root`` that holds a config.toml, sorted. Names starting
-    with ``.`` or ``_`` are ignored, as are folders without config.toml."""
+    """Every direct subfolder of ``root`` that is a model folder (``is_model_folder``),
+    sorted. Names starting with ``.`` or ``_`` are ignored, as are other folders."""
     try:
         entries = list(os.scandir(root))
     except OSError:
@@ -66,11 +73,72 @@ def list_model_names(root: Path) -> list[str]:
     names = [
         entry.name
         for entry in entries
-        if entry.is_dir()
-        and not entry.name.startswith((".", "_"))
-        and os.path.isfile(os.path.join(entry.path, CONFIG_FILE))
+        if entry.is_dir() and not entry.name.startswith((".", "_")) and is_model_folder(Path(entry.path))
     ]
     return sorted(names)
+
+
+def is_model_folder(folder: Path) -> bool:
+    """A folder with config.toml or config.pbtxt, or with a model file and no config (a
+    Triton model whose ``auto_complete_config`` supplies it, or a mistake: listed either
+    way, UNAVAILABLE with the reason when no config comes of it)."""
+    try:
+        if (folder / CONFIG_FILE).is_file() or (folder / PBTXT_FILE).is_file():
+            return True
+        return _model_file_without_config(folder) is not None
+    except OSError:
+        return False
+
+
+def _model_file_without_config(folder: Path) -> Path | None:
+    """The model.py of an unversioned folder, or of its lowest numbered version folder."""
+    if (folder / _MODEL_FILE).is_file():
+        return folder / _MODEL_FILE
+    versions = sorted(int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit())
+    for version in versions:
+        candidate = folder / str(version) / _MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_config(folder: Path, name: str) -> ModelConfig:
+    """The folder's config: config.toml, or config.pbtxt, completed by the model's
+    ``auto_complete_config`` when it has one (as Triton does), or that alone. Raises
+    ConfigError naming the file (or the folder)."""
+    toml, pbtxt = folder / CONFIG_FILE, folder / PBTXT_FILE
+    has_toml, has_pbtxt = toml.is_file(), pbtxt.is_file()
+    if has_toml and has_pbtxt:
+        raise ConfigError(
+            str(folder), "", detail=f"holds both {CONFIG_FILE} and {PBTXT_FILE}: keep one of them (nereid reads either)"
+        )
+    if has_toml:
+        return load_model_config(toml, name)
+    data = read_pbtxt(pbtxt) if has_pbtxt else None
+    model_file = _model_file_without_config(folder) if data is None else _model_file_of(folder, data)
+    if model_file is not None:
+        completed = auto_complete_config(model_file, data if data is not None else {"name": name, "backend": "python"})
+        if completed is not None:
+            return load_pbtxt_config(pbtxt, name, completed, source=f"{model_file} (auto_complete_config)")
+    if data is None:
+        raise ConfigError(
+            str(folder), "",
+            detail=f"no {CONFIG_FILE} or {PBTXT_FILE} (and no TritonPythonModel.auto_complete_config in the model "
+            "file to supply one): add one of them",
+        )
+    return load_pbtxt_config(pbtxt, name, data)
+
+
+def _model_file_of(folder: Path, data: dict[str, object]) -> Path | None:
+    filename = data.get("default_model_filename") or _MODEL_FILE
+    if (folder / str(filename)).is_file():
+        return folder / str(filename)
+    versions = sorted(int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit())
+    for version in versions:
+        candidate = folder / str(version) / str(filename)
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def check_model_name(name: str) -> None:
@@ -106,7 +174,7 @@ def check_model_name(name: str) -> None:
 
 def read_model(root: Path, name: str, config: ModelConfig | None = None) -> ModelSource:
     """Read one model folder. ``config`` (from a load request's override) replaces
-    config.toml when given. Never raises for a bad model: the reason goes to ``error``.
+    its config file when given. Never raises for a bad model: the reason goes to ``error``.
     Raises InvalidInputError for a name that is not a folder name (check_model_name)."""
     check_model_name(name)
     folder = root / name
@@ -117,7 +185,7 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
         return ModelSource(name, folder, None, _unreadable(folder, exc))
     if config is None:
         try:
-            config = load_model_config(folder / CONFIG_FILE, name)
+            config = _read_config(folder, name)
         except ConfigError as exc:
             return ModelSource(name, folder, None, exc.message)
         except NereidError as exc:  # pragma: no cover - the loader raises ConfigError only

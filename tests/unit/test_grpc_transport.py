@@ -16,7 +16,7 @@ import h2.settings
 import hpack
 import pytest
 
-from nereid.grpc.transport import STREAM_HIGH_WATER, GrpcConnection, GrpcStream, Status
+from nereid.grpc.transport import STREAM_HIGH_WATER, GrpcConnection, GrpcStream, PingPolicy, Status
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -52,8 +52,10 @@ class FakeTransport:
 class RecordingCalls:
     """Calls that remember what the connection told them; ``on_end`` answers."""
 
-    def __init__(self, max_message_size: int = 1 << 20) -> None:
+    def __init__(self, max_message_size: int = 1 << 20, pings: PingPolicy = PingPolicy()) -> None:
         self.max_message_size = max_message_size
+        self.pings = pings
+        self.now = 0.0
         self.events: list[tuple[str, int, Any]] = []
         self.messages: dict[int, list[bytes]] = {}
         self.on_end: Any = None
@@ -410,3 +412,38 @@ def test_the_header_cache_answers_as_a_fresh_decoder_for_random_blocks() -> None
         expected = {bytes(n): bytes(v) for n, v in reference.decode(block, raw=True)}
         assert server._decode(block) == expected, step
         previous = fields
+
+
+def test_pings_too_often_without_data_are_struck_then_the_connection_is_told_to_calm_down() -> None:
+    calls = RecordingCalls(pings=PingPolicy(min_interval=10.0, max_strikes=2, without_calls=True))
+    calls.on_end = answer_with(b"ok")
+    client = Client(calls)
+    for at in (0.0, 10.0, 20.0):  # far enough apart: no strike
+        calls.now = at
+        client.h2.ping(b"00000000")
+        client.pump()
+    assert not client.transport.closed
+    for _ in range(2):  # early: two strikes, forgiven
+        client.h2.ping(b"00000000")
+        client.pump()
+    client.call(b"x")  # an answer (HEADERS and DATA) clears the strikes and the last ping
+    client.pump()
+    for _ in range(3):  # the first sets the reference, the next two are strikes 1 and 2
+        client.h2.ping(b"00000000")
+        client.pump()
+    assert not client.transport.closed
+    client.h2.ping(b"00000000")  # strike 3 since the answer
+    events = client.pump()
+    closed = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert closed and closed[0].error_code == 11 and closed[0].additional_data == b"too_many_pings"
+    assert client.transport.closed
+
+
+def test_without_calls_the_allowed_ping_interval_is_two_hours() -> None:
+    calls = RecordingCalls(pings=PingPolicy(min_interval=10.0, max_strikes=1, without_calls=False))
+    client = Client(calls)
+    for at in (0.0, 100.0, 200.0):  # past 10 s, but under 2 h with no call open
+        calls.now = at
+        client.h2.ping(b"00000000")
+        client.pump()
+    assert client.transport.closed

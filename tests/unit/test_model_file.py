@@ -66,7 +66,7 @@ def test_reload_imports_the_file_afresh(tmp_path: Path) -> None:
         pytest.param("import no_such_module_xyz\n", "import failed: ModuleNotFoundError: No module named 'no_such_module_xyz'", id="import-error"),
         pytest.param("raise RuntimeError('boom')\n", "import failed: RuntimeError: boom", id="raises-at-import"),
         pytest.param("def (:\n", "import failed: SyntaxError", id="syntax-error"),
-        pytest.param("class Other:\n    pass\n", "expected a class named 'Model', found none", id="no-model-class"),
+        pytest.param("class Other:\n    pass\n", "expected a class named 'Model' (or Triton's 'TritonPythonModel'), found none", id="no-model-class"),
         pytest.param("class Model:\n    pass\n", "class Model has no method 'infer'", id="no-infer"),
     ],
 )

@@ -114,11 +114,13 @@ def test_a_missing_folder_has_the_empty_fingerprint(tmp_path: Path) -> None:
 
 def test_repository_fingerprints_cover_model_folders_only(model: Path) -> None:
     root = model.parent
-    write(root / "no_config" / "model.py", "")
+    write(root / "no_config" / "model.py", "")  # listed: UNAVAILABLE with its reason, or auto-completed
+    write(root / "triton" / "config.pbtxt", "")
+    write(root / "notes" / "readme.txt", "")  # no config and no model file: not a model
     write(root / "_ignored" / "config.toml", "")
     write(root / ".hidden" / "config.toml", "")
     write(root / "loose_file.txt", "")
-    assert list(fingerprint_repository(root)) == ["m"]
+    assert list(fingerprint_repository(root)) == ["m", "no_config", "triton"]
 
 
 # -- the stability rule ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2
 from nereid.errors import NereidError
 from nereid.grpc.codec import status_of
 from nereid.grpc.service import InferenceService
-from nereid.grpc.transport import GrpcConnection, GrpcStream, Status
+from nereid.grpc.transport import GrpcConnection, GrpcStream, PingPolicy, Status
 from nereid.listening import listen
 from nereid.options import ServerOptions
 
@@ -104,6 +104,11 @@ class NativeGrpcServer:
         self.keepalive_time = options.grpc_keepalive_time / 1000
         self.keepalive_timeout = options.grpc_keepalive_timeout / 1000
         self.keepalive_without_calls = options.grpc_keepalive_permit_without_calls
+        self.pings = PingPolicy(
+            min_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
+            max_strikes=options.grpc_http2_max_ping_strikes,
+            without_calls=options.grpc_keepalive_permit_without_calls,
+        )
         self.clock = clock
         #: the coarse time connections note when they hear from their client
         self.now = clock()

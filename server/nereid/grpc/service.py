@@ -203,70 +203,84 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             return await _abort(context, exc)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """Answers in request order (non-decoupled), steps as they come (decoupled). A
+        """Answers a non-decoupled model's requests in the order they came (an error as an
+        in-band ``error_message``), and a decoupled model's steps as they are made. A
         client that goes away cancels what it had in flight."""
-        answers: asyncio.Queue[asyncio.Task[list[Any]] | None] = asyncio.Queue()
+        answers: asyncio.Queue[AsyncIterator[Any] | None] = asyncio.Queue()
+        started: list[asyncio.Task[Any]] = []
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    answers.put_nowait(asyncio.create_task(self._stream_answers(request, time.monotonic_ns())))
+                    answers.put_nowait(self._stream_answers(request, time.monotonic_ns(), started))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
-            while (task := await answers.get()) is not None:
-                for response in await task:
+            while (slot := await answers.get()) is not None:
+                async for response in slot:
                     yield response
         finally:
             reader.cancel()
-            while not answers.empty():
-                pending = answers.get_nowait()
-                if pending is not None:
-                    pending.cancel()
+            for task in started:
+                task.cancel()
 
-    async def _stream_answers(self, request: Any, received_ns: int) -> list[Any]:
-        """The stream responses of one request (an in-band error on failure)."""
-        try:
-            serving = self._serving(request)
-            if not serving.config.decoupled:
-                response = await self._infer(request, received_ns)
-                response.parameters["triton_final_response"].bool_param = True
-                return [service_pb2.ModelStreamInferResponse(infer_response=response)]
-            return await self._decoupled(serving, request, received_ns)
-        except NereidError as exc:
-            return [service_pb2.ModelStreamInferResponse(
-                error_message=exc.message,
-                infer_response=service_pb2.ModelInferResponse(
-                    model_name=request.model_name, model_version=request.model_version, id=request.id
-                ),
-            )]
+    async def _stream_answers(self, request: Any, received_ns: int, started: list[asyncio.Task[Any]]) -> AsyncIterator[Any]:
+        """The stream responses of one request, as they come (an in-band error on failure).
+        Its work starts at once (a task), so later requests do not wait for earlier ones
+        to be read out."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
 
-    async def _decoupled(self, serving: ServingModel, request: Any, received_ns: int) -> list[Any]:
+        async def run() -> None:
+            try:
+                serving = self._serving(request)
+                if not serving.config.decoupled:
+                    response = await self._infer(request, received_ns)
+                    response.parameters["triton_final_response"].bool_param = True
+                    queue.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=response))
+                else:
+                    await self._decoupled(serving, request, received_ns, queue.put_nowait)
+            except NereidError as exc:
+                queue.put_nowait(service_pb2.ModelStreamInferResponse(
+                    error_message=exc.message,
+                    infer_response=service_pb2.ModelInferResponse(
+                        model_name=request.model_name, model_version=request.model_version, id=request.id
+                    ),
+                ))
+            finally:
+                queue.put_nowait(done)
+
+        task = asyncio.create_task(run())
+        started.append(task)
+        task.add_done_callback(started.remove)
+        while (item := await queue.get()) is not done:
+            yield item
+
+    async def _decoupled(self, serving: ServingModel, request: Any, received_ns: int, send: Callable[[Any], None]) -> None:
+        """A decoupled model's steps, each sent as it is made with ``triton_final_response``
+        false; then, when the client asks for it (``triton_enable_empty_final_response``),
+        an empty response flagged final, as Triton sends them."""
         codec = self._tables_of(serving)
         empty_final = "triton_enable_empty_final_response" in request.parameters and bool(
             _parameter(request.parameters["triton_enable_empty_final_response"])
         )
         lease = self.shm.lease()
-        responses = []
         try:
             infer_request = decode_request(request, codec, serving.version, lease.resolve)
             async for step in serving.stream(infer_request, received_ns):
                 response = encode_response(step, infer_request, codec, serving.version, serving.labels, lease.write)
                 response.parameters["triton_final_response"].bool_param = False
-                responses.append(service_pb2.ModelStreamInferResponse(infer_response=response))
+                send(service_pb2.ModelStreamInferResponse(infer_response=response))
         finally:
             lease.release()
-        if empty_final or not responses:
+        if empty_final:
             final = service_pb2.ModelInferResponse(
                 model_name=serving.name, model_version=str(serving.version), id=request.id
             )
             final.parameters["triton_final_response"].bool_param = True
-            responses.append(service_pb2.ModelStreamInferResponse(infer_response=final))
-        else:
-            responses[-1].infer_response.parameters["triton_final_response"].bool_param = True
-        return responses
+            send(service_pb2.ModelStreamInferResponse(infer_response=final))
 
     # -- shared memory, logging, trace --------------------------------------------------------
 

@@ -23,11 +23,12 @@ import logging
 import struct
 import zlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import hpack
 
-__all__ = ["Calls", "GrpcConnection", "GrpcStream", "Status"]
+__all__ = ["Calls", "GrpcConnection", "GrpcStream", "PingPolicy", "Status"]
 
 _log = logging.getLogger("nereid")
 
@@ -139,10 +140,22 @@ class GrpcStream:
         self.drained: asyncio.Event | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PingPolicy:
+    """How often a client may PING (seconds) and how many early pings it is forgiven."""
+
+    min_interval: float = 300.0
+    max_strikes: int = 2
+    without_calls: bool = False
+
+
 class Calls(Protocol):
-    """What a connection tells about its calls (``native.NativeGrpcServer``)."""
+    """What a connection tells about its calls (``native.NativeGrpcServer``), and the
+    server-wide settings and coarse clock it reads."""
 
     max_message_size: int
+    pings: PingPolicy
+    now: float
 
     def open(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
     def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None: ...
@@ -185,6 +198,8 @@ class GrpcConnection(asyncio.Protocol):
         #: when a frame last arrived (the server's coarse clock), and an unanswered PING's time
         self.last_heard = 0.0
         self.ping_sent_at: float | None = None
+        self._last_ping_received: float | None = None
+        self._ping_strikes = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -280,7 +295,7 @@ class GrpcConnection(asyncio.Protocol):
                 raise _ConnectionError(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "bad PING")
             if flags & _ACK:
                 self.ping_sent_at = None
-            else:
+            elif self._ping_allowed():
                 self._write(_frame(_PING, _ACK, 0, payload))
         elif kind == _RST_STREAM:
             if not stream_id or len(payload) != 4:
@@ -302,6 +317,27 @@ class GrpcConnection(asyncio.Protocol):
             if len(payload) != 5:
                 raise _ConnectionError(FRAME_SIZE_ERROR, "bad PRIORITY")
         # unknown frame types are ignored (RFC 9113 4.1)
+
+    def _ping_allowed(self) -> bool:
+        """grpc's ping policing (tritonserver's --grpc-http2-* flags): a PING sooner than
+        the allowed interval after the last one, with no HEADERS or DATA sent between,
+        is a strike; past the allowed strikes the connection gets GOAWAY
+        ENHANCE_YOUR_CALM "too_many_pings", as grpcio's server does. The interval is
+        2 hours while no call is open unless pings without calls are permitted."""
+        policy = self._calls.pings
+        now = self._calls.now
+        last = self._last_ping_received
+        self._last_ping_received = now
+        if last is None:
+            return True
+        interval = policy.min_interval if self.streams or policy.without_calls else 7200.0
+        if now - last >= interval:
+            return True
+        self._ping_strikes += 1
+        if policy.max_strikes and self._ping_strikes > policy.max_strikes:
+            self._fail(ENHANCE_YOUR_CALM, "too_many_pings")
+            return False
+        return True
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
@@ -521,6 +557,8 @@ class GrpcConnection(asyncio.Protocol):
         the windows and a frame, as an infer answer usually does."""
         if stream.finished:
             return
+        self._last_ping_received = None  # HEADERS and DATA go out: pings are welcome again
+        self._ping_strikes = 0
         size = len(message) + 5
         if (
             not stream.head_sent and not stream.pending and size <= self._peer_max_frame
@@ -542,6 +580,8 @@ class GrpcConnection(asyncio.Protocol):
         """Queue one response message (sent as the client's window allows)."""
         if stream.finished:
             return
+        self._last_ping_received = None
+        self._ping_strikes = 0
         if not stream.head_sent:
             stream.head_sent = True
             self._write(_frame(_HEADERS, _END_HEADERS, stream.id, _RESPONSE_HEAD))
