@@ -123,7 +123,7 @@ class _Parser(argparse.ArgumentParser):
     (argparse's default prints the whole usage first, which buries the error)."""
 
     def error(self, message: str) -> NoReturn:
-        command = self.prog if self.prog.endswith(" serve") else f"{self.prog} serve"  # the one command
+        command = self.prog if self.prog.endswith((" serve", " convert-config")) else f"{self.prog} serve"
         self.exit(2, f"{self.prog}: {message} (see '{command} --help')\n")
 
 
@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         if row.field == "model_repository":
             kwargs["required"] = True
         serve.add_argument(row.flag, **kwargs)
+    convert = commands.add_parser(
+        "convert-config", help="print the config.toml that means what a Triton config.pbtxt means",
+        description="Print the config.toml equivalent of a Triton config.pbtxt (a file, or a model folder holding "
+                    "one), checked as the server would check it.",
+    )
+    convert.add_argument("path", type=Path, help="a config.pbtxt, or the model folder that holds it")
     return parser
 
 
@@ -172,7 +178,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nereid: {exc}", file=sys.stderr)
             return 2
         return server.run()
+    if args.command == "convert-config":
+        return _convert_config(args.path)
     return 2  # pragma: no cover - argparse requires a command
+
+
+def _convert_config(path: Path) -> int:
+    """``nereid convert-config PATH``: the TOML on stdout, or the reason on stderr (2)."""
+    from nereid.config.pbtxt import PBTXT_FILE, pbtxt_to_toml
+    from nereid.errors import ConfigError
+
+    file = path / PBTXT_FILE if path.is_dir() else path
+    if not file.is_file():
+        print(f"nereid convert-config: {file}: no such file", file=sys.stderr)
+        return 2
+    try:
+        print(pbtxt_to_toml(file, file.resolve().parent.name), end="")
+    except ConfigError as exc:
+        print(f"nereid convert-config: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _repository_problem(path: Path) -> str | None:

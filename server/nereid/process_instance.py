@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from nereid import errors
 from nereid.batch_arrays import assemble, split, split_step
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
@@ -127,7 +128,7 @@ class ProcessInstance:
             cls=object, module=types.ModuleType(f"nereid-worker-{self.name}"), path=self.model_file,
             infer_is_async=False, infer_is_generator=traits["infer_is_generator"],
             infer_takes_parameters=traits["infer_takes_parameters"], has_batch_size=traits["has_batch_size"],
-            has_close=traits["has_close"],
+            has_close=traits["has_close"], triton=traits.get("triton", False),
         )
         if traits["has_batch_size"]:
             self._cost = self._remote_batch_size
@@ -148,6 +149,8 @@ class ProcessInstance:
         Driven from the event loop, with no thread in between: the batch is written into
         the slot's arena and sent, and the loop wakes when the reply arrives (a thread
         hop each way cost more than the process's own work on small batches)."""
+        if self.model_class is not None and self.model_class.triton:
+            return await self._run_triton(requests)
         t0 = time.monotonic_ns()
         try:
             inputs = assemble(requests, self.config)
@@ -178,6 +181,43 @@ class ProcessInstance:
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         self.worker.succeeded()
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+
+    async def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        """A TritonPythonModel's batch in the process: the requests go pickled, each comes
+        back with its own answer (outputs checked here as for a thread instance, or the
+        error that fails only that request)."""
+        slot = await self.worker.take_slot_on_loop()
+        t0 = time.monotonic_ns()
+        try:
+            slot.channel.send(("triton", list(requests)))
+            slot.busy = True
+            reply = self._reply(slot, await self._reply_on_loop(slot))
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            if slot.busy:
+                self._release_after_reply(slot)
+            else:
+                self.worker.release(slot)
+        t1 = time.monotonic_ns()
+        outputs = [self._triton_answer(request, answer) for request, answer in zip(requests, reply[1])]
+        self.worker.succeeded()
+        return BatchOutcome(outputs, None, 0, t1 - t0, time.monotonic_ns() - t1)
+
+    def _triton_answer(self, request: InferRequest, answer: Any) -> Any:
+        """One request's answer from the process: its checked outputs, or its error."""
+        if isinstance(answer, tuple) and answer and answer[0] == "error":
+            kind = getattr(errors, answer[1], None)
+            if isinstance(kind, type) and issubclass(kind, NereidError):
+                return kind(answer[2])
+            return ModelExecutionError(answer[2], model=self.context.model_name)
+        try:
+            return split(_restore(answer), [request], self.config, self.context.model_name)[0]
+        except NereidError as exc:
+            self._output_fault(exc)
+            return exc
 
     async def _reply_on_loop(self, slot: Slot) -> tuple[Any, list[int]]:
         """The slot's next message, awaited on the loop (the execution timeout applies)."""
@@ -355,8 +395,46 @@ class ProcessInstance:
         def deliver(parts: Any, finished: list[bool]) -> None:
             loop.call_soon_threadsafe(sink, parts, finished)
 
-        outcome: BatchOutcome = await self._threads.call(self._stream, requests, deliver, abandoned)
+        stream = self._triton_stream if self.model_class is not None and self.model_class.triton else self._stream
+        outcome: BatchOutcome = await self._threads.call(stream, requests, deliver, abandoned)
         return outcome
+
+    def _triton_stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
+        """A decoupled TritonPythonModel's batch in the process: its senders' responses
+        arrive as ("step", index, answer, final) until every request had its final flag
+        (read to the end even when nobody listens any more: the slot's next batch must
+        not find them)."""
+        t0 = time.monotonic_ns()
+        count = len(requests)
+        open_requests = set(range(count))
+        started = False
+        slot = self.worker.take_slot()
+        try:
+            slot.channel.send(("triton-stream", list(requests)))
+            while open_requests or not started:
+                message = self._receive(slot)
+                if message[0] == "started":
+                    started = True
+                    continue
+                _, index, answer, final = message
+                if index not in open_requests:
+                    continue
+                if answer is not None:
+                    answer = self._triton_answer(requests[index], answer)
+                    final = final or isinstance(answer, NereidError)
+                parts: list[Any] = [None] * count
+                finished = [False] * count
+                parts[index], finished[index] = answer, final
+                deliver(parts, finished)
+                if final:
+                    open_requests.discard(index)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            self.worker.release(slot)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
 
     def _stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
         t0 = time.monotonic_ns()

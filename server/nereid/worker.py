@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from nereid.batch_arrays import tensor_to_numpy
-from nereid.errors import ModelLoadError
+from nereid.errors import ModelLoadError, NereidError
 from nereid.log import configure_logging
 from nereid.model_faults import MODEL_FAULTS
 from nereid.model_file import ModelClass, describe_exception, load_model_class
 from nereid.process_channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.triton_python.adapter import TritonModel
 
 __all__ = ["main", "worker_outputs"]
 
@@ -98,8 +99,13 @@ class _Worker:
 
             torch.cuda.set_device(self.context.device)
         cls = self.model_class.cls
+        self.model: Any = None
+        self.send_lock = threading.Lock()  # a decoupled Triton model's senders write from their own threads
         try:
-            self.model = cls(self.context) if self.model_class.init_takes_context else cls()
+            if self.model_class.triton:
+                self.model = TritonModel(cls, self.context)
+            else:
+                self.model = cls(self.context) if self.model_class.init_takes_context else cls()
         except BaseException as exc:
             MODEL_FAULTS.record(self.context.model_name, self.context.model_version, "__init__", exc)
             raise ModelLoadError(  # worded as for a thread instance
@@ -115,6 +121,7 @@ class _Worker:
             "has_batch_size": mc.has_batch_size,
             "has_close": mc.has_close,
             "infer_is_generator": mc.infer_is_generator,
+            "triton": mc.triton,
         }
 
     def serve(self, channel: Channel) -> None:
@@ -135,6 +142,12 @@ class _Worker:
             if kind == "close":
                 self._close(channel)
                 return
+            if kind == "triton":
+                self._triton(channel, message[1])
+                continue
+            if kind == "triton-stream":
+                self._triton_stream(channel, message[1])
+                continue
             assert inputs_arena is not None
             inputs = read_arrays(inputs_arena, message[1], copy=False)
             if kind == "batch_size":
@@ -218,6 +231,37 @@ class _Worker:
             return
         channel.send(("end",))
 
+    def _triton(self, channel: Channel, requests: list[Any]) -> None:
+        """A TritonPythonModel's batch: the requests come and their answers go pickled,
+        one per request (outputs, or an error's class name and message)."""
+        try:
+            answers = self.model.execute(requests)
+        except BaseException as exc:
+            channel.send(self._fault("infer", exc))
+            return
+        try:
+            channel.send(("ok-triton", [_portable(answer) for answer in answers]))
+        except _PICKLE_ERRORS as exc:
+            channel.send(("error", "TypeError", f"execute returned a value that cannot be sent to the server: {exc}"))
+
+    def _triton_stream(self, channel: Channel, requests: list[Any]) -> None:
+        """A decoupled TritonPythonModel's batch: each response a sender sends goes to the
+        server as ("step", index, answer, final), from the sending thread; then
+        ("started",) once execute has returned (or its error)."""
+
+        def deliver(index: int, answer: Any, final: bool) -> None:
+            with self.send_lock:
+                channel.send(("step", index, None if answer is None else _portable(answer), final))
+
+        try:
+            self.model.execute_decoupled(requests, deliver, lambda index: False)
+        except BaseException as exc:
+            with self.send_lock:
+                channel.send(self._fault("infer", exc))
+            return
+        with self.send_lock:
+            channel.send(("started",))
+
     def _close(self, channel: Channel) -> None:
         """The model's close(), then the repeats of its faults still counted (as the
         server flushes a thread instance's at unload), then the reply."""
@@ -232,6 +276,14 @@ class _Worker:
 
 
 _PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, ValueError)
+
+
+def _portable(answer: Any) -> Any:
+    """A Triton model's answer as the server rebuilds it: outputs as numpy (a torch tensor
+    moved to host), an error as ("error", class name, message)."""
+    if isinstance(answer, NereidError):
+        return ("error", type(answer).__name__, answer.message)
+    return worker_outputs(answer)
 
 
 async def _contained(awaitable: Any) -> tuple[bool, Any]:
