@@ -47,6 +47,7 @@ test: install-test perf-analyzer
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q tests/e2e --isolation process   # the e2e suite again, every model in process instances
+	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt   # and again, every model's config as Triton's config.pbtxt
 
 bench: install-test perf-analyzer
 	$(BIN)/python perf/bench_identity.py

@@ -44,10 +44,50 @@ EXAMPLES = ROOT / "model_repository"
 #: "thread" (the default) or "process"; set from the command line in pytest_configure.
 ISOLATION = "thread"
 
+# -- --repo-format: the whole suite with Triton's config.pbtxt -----------------------------
+#
+# ``pytest --repo-format pbtxt`` writes every config RepoBuilder.add writes, and every
+# config of the examples (in a copy), as Triton's config.pbtxt instead of config.toml: the
+# TOML is read by nereid, rendered as Triton's JSON (nereid's extensions as parameters) and
+# written in protobuf's text format. A TOML the server would refuse is left as it is (its
+# test expects that error). Tests about the config.toml file itself are marked
+# ``@pytest.mark.toml_only("why")`` and skipped under ``--repo-format pbtxt``.
+
+#: "toml" (the default) or "pbtxt"; set from the command line in pytest_configure.
+REPO_FORMAT = "toml"
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--isolation", choices=("thread", "process"), default="thread",
                      help="the isolation of the instances of every model the e2e tests serve")
+    parser.addoption("--repo-format", choices=("toml", "pbtxt"), default="toml",
+                     help="the config file of every model the e2e tests serve: config.toml or Triton's config.pbtxt")
+
+
+def write_config(folder: Path, toml_text: str) -> None:
+    """The model's config file in REPO_FORMAT (see --repo-format)."""
+    if REPO_FORMAT == "pbtxt":
+        pbtxt = as_pbtxt(toml_text, folder.name)
+        if pbtxt is not None:
+            (folder / "config.pbtxt").write_text(pbtxt)
+            return
+    (folder / "config.toml").write_text(toml_text)
+
+
+def as_pbtxt(toml_text: str, model: str) -> str | None:
+    """The config.pbtxt that means what ``toml_text`` means; None when nereid refuses it."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from nereid.config import parse_model_config, to_triton_json
+    from nereid.errors import ConfigError
+
+    try:
+        config = parse_model_config(tomllib.loads(toml_text), source="config.toml", folder_name=model)
+    except (tomllib.TOMLDecodeError, ConfigError):
+        return None
+    message = json_format.ParseDict(to_triton_json(config), model_config_pb2.ModelConfig())
+    return str(text_format.MessageToString(message))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,12 +97,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "thread_only(reason): checks what only a thread instance has; skipped under --isolation process"
     )
+    config.addinivalue_line(
+        "markers", "toml_only(reason): checks the config.toml file itself; skipped under --repo-format pbtxt"
+    )
+    global REPO_FORMAT
     ISOLATION = config.getoption("isolation")
-    if ISOLATION == "process":
+    REPO_FORMAT = config.getoption("repo_format")
+    if ISOLATION == "process" or REPO_FORMAT == "pbtxt":
         copy = Path(tempfile.mkdtemp(prefix="nereid-examples-")) / "model_repository"
         shutil.copytree(ROOT / "model_repository", copy)
         for path in copy.glob("*/config.toml"):
-            path.write_text(with_isolation(path.read_text(), path.parent.name))
+            text = with_isolation(path.read_text(), path.parent.name)
+            path.unlink()
+            write_config(path.parent, text)
         EXAMPLES = copy
 
 
@@ -128,6 +175,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         thread_only = item.get_closest_marker("thread_only")
         if thread_only is not None and ISOLATION != "thread":
             item.add_marker(pytest.mark.skip(reason=f"thread instances only: {thread_only.args[0]}"))
+        toml_only = item.get_closest_marker("toml_only")
+        if toml_only is not None and REPO_FORMAT != "toml":
+            item.add_marker(pytest.mark.skip(reason=f"config.toml only: {toml_only.args[0]}"))
 
 
 def _cuda_available() -> bool:
@@ -184,7 +234,9 @@ class RepoBuilder:
             files: dict[str, str] | None = None) -> Path:
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.toml").write_text(with_isolation(textwrap.dedent(config), name))
+        for stale in ("config.toml", "config.pbtxt"):
+            (folder / stale).unlink(missing_ok=True)
+        write_config(folder, with_isolation(textwrap.dedent(config), name))
         target = folder / str(version) if version is not None else folder
         target.mkdir(parents=True, exist_ok=True)
         if model is not None:

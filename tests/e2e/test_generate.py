@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server
+from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, start_server
 
 SSE = "text/event-stream; charset=utf-8"
 
@@ -103,7 +103,7 @@ def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runn
     root = tmp_path_factory.mktemp("generate-repo")
     repo = RepoBuilder(root)
     repo.add("gate", GATE_CONFIG, GATE_MODEL, version=1)
-    config = (EXAMPLES / "text_generator" / "config.toml").read_text()
+    config = (ROOT / "model_repository" / "text_generator" / "config.toml").read_text()  # RepoBuilder adapts it
     config = config.replace("max_queue_delay_microseconds = 20000", "max_queue_delay_microseconds = 60000000")
     assert "60000000" in config
     model = (EXAMPLES / "text_generator" / "1" / "model.py").read_text()

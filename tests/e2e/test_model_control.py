@@ -301,6 +301,7 @@ def test_a_load_of_a_missing_folder_is_500_and_leaves_no_trace(serve, repo: Repo
     assert ready(server)
 
 
+@pytest.mark.toml_only("breaks the model's config.toml by hand")
 def test_a_broken_new_version_keeps_the_old_one_serving(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     folder = repo.add("m", CONFIG, adder(1))
     server = serve(repo.root, "--model-control-mode", "explicit", "--load-model", "m")
