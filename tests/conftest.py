@@ -164,11 +164,12 @@ def _toml_value(value: object) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit.
+    """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit,
+    tests/ray -> ray.
     Under ``--isolation process``, ``thread_only`` tests are skipped."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts[0] in ("e2e", "gpu", "unit"):
+        if parts[0] in ("e2e", "gpu", "unit", "ray"):
             item.add_marker(parts[0])
         if parts[0] == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))

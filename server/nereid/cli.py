@@ -45,6 +45,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = _int(text)
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _amount(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _url_size(text: str) -> int:
     value = _size(text)
     if value > 65535:  # httptools' URL parser takes no more
@@ -98,6 +115,13 @@ _FLAGS = (
     _Flag("--load-model", "load_model", str, "explicit mode: models to load at start (--load-model a b, or repeated; * for all)", repeat=True),
     _Flag("--strict-readiness", "strict_readiness", _bool, "ready only when every model is READY (default true)"),
     _Flag("--exit-timeout-secs", "exit_timeout_secs", float, "seconds to let in-flight requests finish on shutdown (default 30)"),
+    _Flag("--ray-replicas", "ray_replicas", _count, "serve on Ray Serve with this many replicas, each a whole nereid (default 0: not on Ray)"),
+    _Flag("--ray-address", "ray_address", str, "the Ray cluster to join (default: start a local one)"),
+    _Flag("--ray-replica-cpus", "ray_replica_cpus", _amount, f"CPUs Ray reserves per replica (default {_DEFAULTS.ray_replica_cpus:g})"),
+    _Flag("--ray-replica-gpus", "ray_replica_gpus", _amount, f"GPUs Ray reserves per replica (default {_DEFAULTS.ray_replica_gpus:g})"),
+    _Flag("--ray-min-replicas", "ray_min_replicas", _count, f"autoscaling: fewest replicas (default {_DEFAULTS.ray_min_replicas})"),
+    _Flag("--ray-max-replicas", "ray_max_replicas", _count, "autoscaling: most replicas (default 0: no autoscaling)"),
+    _Flag("--ray-target-ongoing-requests", "ray_target_ongoing_requests", _seconds, f"autoscaling: requests in flight per replica to aim for (default {_DEFAULTS.ray_target_ongoing_requests:g})"),
     _Flag("--log-verbose", "log_verbose", int, "verbose logging level (0: off)"),
     _Flag("--log-info", "log_info", _bool, "log info messages (default true)"),
     _Flag("--log-warning", "log_warning", _bool, "log warnings (default true)"),
@@ -170,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             print(f"nereid: --model-repository {options.model_repository}: {problem}", file=sys.stderr)
             return 2
+        if options.ray_replicas or options.ray_max_replicas:
+            from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
+
+            return run_on_ray(options)
         from nereid.server import Server  # imported late: `nereid --help` stays fast
 
         try:

@@ -149,6 +149,15 @@ class ModelManager:
     def startup_done(self) -> bool:
         return self._startup_done
 
+    def unfit_models(self) -> list[str]:
+        """The models strict readiness waits for (a version neither READY nor unloaded on
+        purpose, or an unreadable folder or config), by name."""
+        return sorted(name for name, record in self._records.items() if not record.fine)
+
+    def ready_models(self) -> list[str]:
+        """The models with a READY version, by name."""
+        return sorted(name for name, record in self._records.items() if record.serving)
+
     def is_ready(self, strict: bool = True) -> bool:
         """Server readiness, as tritonserver decides it.
 

@@ -46,6 +46,15 @@ class ServerOptions:
     load_model: tuple[str, ...] = field(default_factory=tuple)
     strict_readiness: bool = True
     exit_timeout_secs: float = 30.0
+    #: Ray Serve (ray_serve.py): replicas (0: not on Ray), the cluster to join (None: a
+    #: local one), each replica's resources, and autoscaling (max 0: a fixed count).
+    ray_replicas: int = 0
+    ray_address: str | None = None
+    ray_replica_cpus: float = 1.0
+    ray_replica_gpus: float = 0.0
+    ray_min_replicas: int = 1
+    ray_max_replicas: int = 0
+    ray_target_ongoing_requests: float = 2.0
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True

@@ -26,12 +26,22 @@ __all__ = ["FakeTransport", "NativeHarness", "StubEndpoints", "get", "infer", "r
 class FakeTransport:
     """What a Connection needs of an asyncio transport; ``written`` is every byte written."""
 
-    def __init__(self) -> None:
+    def __init__(self, eof_capable: bool = False) -> None:
         self.written = bytearray()
         self.writes = 0
         self.reading = True
         self.closed = False
         self.aborted = False
+        #: like an SSL transport by default (no half-close): close() closes at once
+        self.eof_capable = eof_capable
+        self.eof_written = False
+
+    def can_write_eof(self) -> bool:
+        return self.eof_capable
+
+    def write_eof(self) -> None:
+        assert self.eof_capable and not self.closed
+        self.eof_written = True
 
     def write(self, data: bytes) -> None:
         assert not self.closed, "write after close"
@@ -129,14 +139,15 @@ class NativeHarness:
     """One Connection of a NativeServer on a FakeTransport, inside a running loop.
     ``match_repeats=False``: every request goes through the parser (the reference path)."""
 
-    def __init__(self, *, match_repeats: bool = True, max_request_size: int = 1 << 20, **limits: Any) -> None:
+    def __init__(self, *, match_repeats: bool = True, max_request_size: int = 1 << 20, eof_capable: bool = False,
+                 **limits: Any) -> None:
         self.endpoints = StubEndpoints()
         app = NereidApp(starlette=stub_asgi, endpoints=self.endpoints)  # type: ignore[arg-type]
         self.time = 100.0  # the server's clock: moved by ``advance`` only
         self.server = NativeServer(app, limits=ConnectionLimits(max_request_size=max_request_size, **limits),
                                    graceful_timeout=1.0, match_repeats=match_repeats, clock=lambda: self.time)
         self.server.loop = asyncio.get_running_loop()
-        self.transport = FakeTransport()
+        self.transport = FakeTransport(eof_capable)
         self.connection = Connection(self.server)
         self.connection.connection_made(self.transport)
         self._inbox: collections.deque[bytes] = collections.deque()

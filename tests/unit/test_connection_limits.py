@@ -215,3 +215,30 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector() -> No
         assert alive() is None
     finally:
         gc.enable()
+
+
+@_on_a_loop
+async def test_a_refusal_lingers_reading_what_the_client_still_sends_then_closes() -> None:
+    """On a transport that can half-close, the answer is followed by our FIN and the
+    client's remaining bytes are read and dropped (closing with them unread would make
+    the kernel reset the connection, losing the answer); the connection closes when the
+    client does, or after LINGER_S."""
+    from nereid.http.native_connection import LINGER_S
+
+    harness = NativeHarness(max_url_size=100, eof_capable=True)
+    harness.feed(b"GET /" + b"a" * 200)
+    await harness.settle()
+    status, _ = _error(harness)
+    assert status == 414
+    assert harness.transport.eof_written and not harness.transport.closed
+    harness.feed(b"a" * 5000, b" HTTP/1.1\r\n\r\n")  # still arriving: read and dropped
+    assert len(responses(harness.written)) == 1
+    harness.advance(LINGER_S - 0.5)
+    assert not harness.transport.closed
+    harness.advance(1.0)
+    assert harness.transport.closed
+
+    other = NativeHarness(max_url_size=100, eof_capable=True)
+    other.feed(b"GET /" + b"a" * 200)
+    await other.settle()
+    assert other.connection.eof_received() is False  # the client closed its side: the transport closes

@@ -188,7 +188,7 @@ class NativeServer:
                 break
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
-            connection.close()
+            connection.force_close()
         # Handlers still running (a stream whose client never left) end with their connection.
         await asyncio.sleep(0)
         for task in list(self._tasks):

@@ -36,6 +36,8 @@ __all__ = ["Connection", "MAX_PIPELINED"]
 
 #: Complete requests a connection may hold unanswered (pipelining) before it stops reading.
 MAX_PIPELINED = 16
+#: How long a closing connection reads and drops what its client still sends (close()).
+LINGER_S = 2.0
 _BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
 
 
@@ -64,6 +66,8 @@ class Connection(asyncio.Protocol):
         # timers (NativeServer.now's coarse clock): idle since, not read from since
         self._idle_since = server.now
         self._paused_since = 0.0
+        #: while lingering after close(): when to stop waiting for the client's FIN
+        self._linger_until: float | None = None
         # repeats: the learnt head, the request it came with and its infer route
         self._learns = server.match_repeats
         self._repeats: RepeatMatcher | None = None
@@ -175,6 +179,9 @@ class Connection(asyncio.Protocol):
         connection whose head, body or reading of answers stalled past its limit, or
         that stayed idle past the keep-alive timeout."""
         if self._gone:
+            if self._linger_until is not None and now >= self._linger_until:
+                self._linger_until = None
+                self._transport.close()
             return
         limits = self._limits
         if self._write_paused and now - self._paused_since > limits.body_timeout:
@@ -371,9 +378,28 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close after what is written goes out; nothing more is started or written
-        (pipelined requests already parsed are dropped)."""
+        (pipelined requests already parsed are dropped). A lingering close: the answer is
+        followed by our FIN, and what the client still sends is read and dropped until it
+        closes too (or LINGER_S pass): closing with its data unread would make the kernel
+        reset the connection, and a client still sending (a refused 70 KB URL, a body
+        past the limit) would get the reset instead of the answer."""
         if not self._gone:
             self._gone = True
             self._parsing = False
             self._queue.clear()
-            self._transport.close()
+            transport = self._transport
+            if self._server.closing or not transport.can_write_eof():
+                transport.close()
+                return
+            transport.write_eof()
+            self._linger_until = self._server.now + LINGER_S
+
+    def force_close(self) -> None:
+        """Close now, lingering or not (shutdown)."""
+        self.close()
+        self._linger_until = None
+        self._transport.close()
+
+    def eof_received(self) -> bool:
+        """The client is done sending: the transport closes (at once when we were lingering)."""
+        return False
