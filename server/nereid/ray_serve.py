@@ -6,8 +6,9 @@ whole nereid (model manager, dynamic batchers, instances) over the same reposito
 nereid's ASGI app as their ingress behind Ray Serve's HTTP proxy on ``--http-port``.
 
 One server to the client: the replicas report to a ``_Cluster`` actor (every half second:
-statistics, model states, the model-control operations applied), and what must speak for
-all of them answers from it: the statistics endpoints sum the replicas, ``/v2/health/ready``
+statistics, metrics, model states, the model-control operations applied), and what must
+speak for all of them answers from it: the statistics endpoints and the metrics port (served
+by the driver) sum the replicas, ``/v2/health/ready``
 is true when every model has a ready replica, and in explicit model-control mode a load
 or unload goes to every replica (through the cluster's log of operations) and is answered
 once all have applied it. Every response names the replica that answered
@@ -29,7 +30,7 @@ from typing import Any, Callable, MutableMapping
 
 from nereid.options import ServerOptions
 
-__all__ = ["RAY_MISSING", "build_application", "merge_statistics", "run_on_ray"]
+__all__ = ["RAY_MISSING", "build_application", "merge_metrics", "merge_statistics", "run_on_ray", "start_cluster_actor"]
 
 _log = logging.getLogger("nereid")
 
@@ -79,6 +80,43 @@ def _add(total: dict[str, Any], entry: dict[str, Any]) -> None:
             _add(total.setdefault(key, {}), value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             total[key] = total.get(key, 0) + value
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Several replicas' Prometheus texts as one server's: every sample (a series with
+    its labels, histogram buckets included) summed over the replicas; HELP and TYPE lines
+    once, in the order first seen."""
+    order: list[str] = []
+    comments: dict[str, list[str]] = {}
+    samples: dict[str, dict[str, float]] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else ""
+                if family not in comments:
+                    comments[family] = []
+                    samples.setdefault(family, {})
+                    order.append(family)
+                if line not in comments[family]:
+                    comments[family].append(line)
+                continue
+            series, _, value = line.rpartition(" ")
+            name = series.split("{", 1)[0]
+            family = next((f for f in (name, name.rsplit("_", 1)[0]) if f in samples), name)
+            if family not in samples:
+                samples[family] = {}
+                comments.setdefault(family, [])
+                order.append(family)
+            samples[family][series] = samples[family].get(series, 0.0) + float(value)
+    out = []
+    for family in order:
+        out.extend(comments.get(family, []))
+        for series, total in samples[family].items():
+            out.append(f"{series} {int(total) if total.is_integer() else total}")
+    return "\n".join(out) + "\n" if out else ""
 
 
 # -- the cluster actor -----------------------------------------------------------------------
@@ -190,6 +228,7 @@ class _Replica:
 
         report = {
             "stats": admin.model_statistics(self.manager, None, None),
+            "metrics": self.server.metrics.render().decode(),
             "unfit": self.manager.unfit_models(),
             "serving": self.manager.ready_models(),
             "startup_done": self.manager.startup_done,
@@ -331,6 +370,8 @@ def build_application(options: ServerOptions) -> Any:
         "ray_actor_options": {"num_cpus": options.ray_replica_cpus, "num_gpus": options.ray_replica_gpus},
         "max_ongoing_requests": 1024,
         "health_check_period_s": 2,
+        # Ray's access log line per request costs more than nereid's whole answer
+        "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
     }
     if options.ray_max_replicas:
         deployment_options["autoscaling_config"] = {
@@ -373,6 +414,7 @@ def run_on_ray(options: ServerOptions) -> int:
         serve.start(http_options={"host": options.http_address, "port": options.http_port})
         cluster = start_cluster_actor()  # held here: the actor lives as long as this driver
         ray.get(cluster.live.remote())
+        metrics = _serve_metrics(options, cluster) if options.allow_metrics else None
         serve.run(build_application(options), name="nereid", route_prefix="/")
         what = (f"{options.ray_min_replicas}-{options.ray_max_replicas} replicas (autoscaling)"
                 if options.ray_max_replicas else f"{options.ray_replicas} replicas")
@@ -387,6 +429,32 @@ def run_on_ray(options: ServerOptions) -> int:
         finally:
             ray.shutdown()
     return 0
+
+
+def _serve_metrics(options: ServerOptions, cluster: Any) -> threading.Thread:
+    """The metrics port in this driver: the replicas' metrics, summed (as of their last
+    reports), on a loop of its own."""
+    import ray
+
+    from nereid.metrics import MetricsListener
+
+    def render() -> bytes:
+        live = ray.get(cluster.live.remote())
+        return merge_metrics([report.get("metrics", "") for report in live.values()]).encode()
+
+    async def listen() -> None:
+        listener = MetricsListener(render)
+        try:
+            await listener.start(options.http_address, options.metrics_port)
+        except OSError as exc:
+            _log.error("metrics: cannot listen on %s:%d (%s); serving without metrics",
+                       options.http_address, options.metrics_port, exc.strerror or exc)
+            return
+        await asyncio.Event().wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(listen()), name="nereid-metrics", daemon=True)
+    thread.start()
+    return thread
 
 
 def _package_root() -> str:

@@ -25,7 +25,8 @@ import tritonclient.http as httpclient  # noqa: E402
 import tritonclient.http.aio as aiohttpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.conftest import ROOT, RepoBuilder, RunningServer, start_server, wait_until  # noqa: E402
+from tests.conftest import ROOT, RepoBuilder, RunningServer, free_port, start_server, wait_until  # noqa: E402
+from tests.e2e.test_generate import GATE_CONFIG, GATE_MODEL, SSE, events_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,6 +63,9 @@ class Model:
 """
 
 
+METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
     root = tmp_path_factory.mktemp("ray-repo")
@@ -69,9 +73,11 @@ def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runni
     repo.add("identity", IDENTITY, SLOW_IDENTITY)
     repo.add("extra", IDENTITY)
     repo.add("broken", IDENTITY, BROKEN)
+    repo.add("gate", GATE_CONFIG, GATE_MODEL, version=1)
     server = start_server(
         root, "--ray-replicas", "2", "--ray-replica-cpus", "0.5", "--model-control-mode", "explicit",
-        "--load-model", "identity", log_dir=tmp_path_factory.mktemp("ray-logs"), timeout=180,
+        "--load-model", "identity", "gate", "--metrics-port", str(METRICS_PORT),
+        log_dir=tmp_path_factory.mktemp("ray-logs"), timeout=180,
     )
     yield server, root
     server.stop(timeout=60)
@@ -160,6 +166,27 @@ def test_requests_are_batched_inside_a_replica_and_statistics_sum_the_replicas(
     executions = int(after["execution_count"]) - int(before["execution_count"])
     assert executions < 48  # requests shared batches: the dynamic batcher runs inside each replica
     assert int(after["inference_stats"]["success"]["count"]) >= 48
+    # the metrics port (served by the nereid process, not a replica) sums the replicas too
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    [count] = [line for line in text.splitlines() if line.startswith('nv_inference_count{model="identity"')]
+    assert int(count.rsplit(" ", 1)[1]) == int(after["inference_count"])
+
+
+def test_generate_and_generate_stream_through_the_ray_proxy(ray_server: tuple[RunningServer, Path]) -> None:
+    import httpx
+
+    server, _ = ray_server
+    whole = httpx.post(f"{server.http}/v2/models/gate/generate", json={"MODE": "count3"}, timeout=60)
+    assert whole.status_code == 200, whole.text
+    assert whole.json() == {"model_name": "gate", "model_version": "1", "OUT": "abc", "STEP": 3}
+    with httpx.stream("POST", f"{server.http}/v2/models/gate/generate_stream", json={"MODE": "count3"},
+                      timeout=60) as response:
+        assert response.status_code == 200 and response.headers["content-type"] == SSE
+        events = list(events_of(response))
+    assert [(event["OUT"], event["STEP"]) for event in events] == [("a", 1), ("b", 2), ("c", 3)]
+    failed = httpx.post(f"{server.http}/v2/models/gate/generate", json={"MODE": "fail_first"}, timeout=60)
+    assert failed.status_code == 500 and "boom before the first step" in failed.json()["error"]
 
 
 def test_perf_analyzer_through_the_ray_proxy(ray_server: tuple[RunningServer, Path], tmp_path: Path) -> None:
