@@ -92,11 +92,16 @@ def is_model_folder(folder: Path) -> bool:
 
 def _model_file_without_config(folder: Path) -> Path | None:
     """The model.py of an unversioned folder, or of its lowest numbered version folder."""
-    if (folder / _MODEL_FILE).is_file():
-        return folder / _MODEL_FILE
+    return _model_file_in(folder, _MODEL_FILE)
+
+
+def _model_file_in(folder: Path, filename: str) -> Path | None:
+    """``filename`` in the folder itself, else in its lowest numbered version folder that has it."""
+    if (folder / filename).is_file():
+        return folder / filename
     versions = sorted(int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit())
     for version in versions:
-        candidate = folder / str(version) / _MODEL_FILE
+        candidate = folder / str(version) / filename
         if candidate.is_file():
             return candidate
     return None
@@ -130,15 +135,7 @@ def _read_config(folder: Path, name: str) -> ModelConfig:
 
 
 def _model_file_of(folder: Path, data: dict[str, object]) -> Path | None:
-    filename = data.get("default_model_filename") or _MODEL_FILE
-    if (folder / str(filename)).is_file():
-        return folder / str(filename)
-    versions = sorted(int(e.name) for e in os.scandir(folder) if e.is_dir() and e.name.isdigit())
-    for version in versions:
-        candidate = folder / str(version) / str(filename)
-        if candidate.is_file():
-            return candidate
-    return None
+    return _model_file_in(folder, str(data.get("default_model_filename") or _MODEL_FILE))
 
 
 def check_model_name(name: str) -> None:

@@ -447,3 +447,54 @@ def test_without_calls_the_allowed_ping_interval_is_two_hours() -> None:
         client.h2.ping(b"00000000")
         client.pump()
     assert client.transport.closed
+
+
+def test_what_a_client_sends_marks_when_it_was_last_heard() -> None:
+    calls = RecordingCalls()
+    client = Client(calls)
+    calls.now = 42.0
+    client.h2.ping(b"00000000")
+    client.pump()
+    assert client.server.last_heard == 42.0
+
+
+def test_the_server_pings_quiet_connections_and_closes_those_that_do_not_answer() -> None:
+    from nereid.grpc.native import NativeGrpcServer
+    from nereid.options import ServerOptions
+
+    class Service:
+        def __getattr__(self, name: str) -> Any:
+            return lambda request, context: None
+
+    clock = [0.0]
+    server = NativeGrpcServer(Service(), ServerOptions(grpc_keepalive_time=10_000, grpc_keepalive_timeout=5_000,
+                                                       grpc_keepalive_permit_without_calls=True),
+                              clock=lambda: clock[0])
+    pinged: list[float] = []
+    closed: list[bool] = []
+    class Quiet:
+        ping_sent_at: float | None = None
+        last_heard = 0.0
+        streams: dict[int, Any] = {}
+
+        def ping(self, now: float) -> None:
+            pinged.append(now)
+            self.ping_sent_at = now
+
+        def close(self) -> None:
+            closed.append(True)
+
+    quiet = Quiet()
+    server.connections.add(quiet)  # type: ignore[arg-type]
+    clock[0] = 9.0
+    server._sweep()
+    assert pinged == []
+    clock[0] = 10.0
+    server._sweep()
+    assert pinged == [10.0]
+    clock[0] = 14.0
+    server._sweep()
+    assert not closed
+    clock[0] = 15.0
+    server._sweep()
+    assert closed == [True]

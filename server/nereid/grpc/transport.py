@@ -237,6 +237,7 @@ class GrpcConnection(asyncio.Protocol):
             self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.last_heard = self._calls.now
         buffer = self._buffer
         if buffer:
             buffer += data
