@@ -168,15 +168,24 @@ def _cluster_actor() -> Any:
 # -- a replica -------------------------------------------------------------------------------
 
 
+#: This process's replica (each replica is a process of its own): what the deployment's
+#: gRPC methods call into.
+_current: _Replica | None = None
+
+
 class _Replica:
     """One replica's nereid: a Server's app and manager, its reports to the cluster, and
     the routes that answer for the whole cluster."""
 
     def __init__(self, options: ServerOptions) -> None:
+        global _current
         from nereid.server import Server
 
+        _picklable_messages()
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.server = Server(options)
+        self._grpc: Any = None
+        _current = self
         self.manager = self.server.manager
         self.app = self.server.app
         self.applied = 0
@@ -323,6 +332,103 @@ class _Replica:
         return 503, {"error": f"{action} of '{name}' was not applied by every replica within {_CONTROL_TIMEOUT_S:.0f} s"}
 
 
+    @property
+    def grpc(self) -> Any:
+        """This replica's InferenceService (Triton's gRPC service), made on first use."""
+        if self._grpc is None:
+            from nereid.grpc.service import InferenceService
+
+            self._grpc = InferenceService(self.manager, self.server.options, self.server.shm)
+        return self._grpc
+
+
+class _Aborted(Exception):
+    def __init__(self, code: Any, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _AbortingContext:
+    """The part of grpcio's ServicerContext the service uses (``abort``), for calls that
+    come through Ray's gRPC proxy: the status goes onto Ray's context."""
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+def add_triton_service_to_server(servicer: Any, server: Any) -> None:
+    """What Ray's gRPC proxy imports (``grpc_servicer_functions``): Triton's service, with
+    its messages picklable first (Ray pickles each request on its way to a replica)."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    _picklable_messages()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def _picklable_messages() -> None:
+    """tritonclient's generated messages name their modules ``grpc_service_pb2`` and
+    ``model_config_pb2``, which no import finds: pickling one (Ray does) needs them there."""
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    sys.modules.setdefault(service_pb2.ModelInferRequest.__module__, service_pb2)
+    sys.modules.setdefault(model_config_pb2.ModelConfig.__module__, model_config_pb2)
+
+
+def _grpc_methods() -> dict[str, Any]:
+    """The deployment's methods for every RPC of Triton's service: each runs the replica's
+    InferenceService; an abort becomes the status and message on Ray's gRPC context (and
+    an empty response). ModelStreamInfer is bidirectional (Ray's gRPCInputStream). The
+    functions hold names only (Ray pickles the class; protobuf's classes do not pickle)."""
+    from tritonclient.grpc import service_pb2
+
+    descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    methods: dict[str, Any] = {}
+    for method in descriptor.methods:
+        if method.client_streaming:
+            methods[method.name] = _streaming_rpc(method.name)
+        else:
+            methods[method.name] = _unary_rpc(method.name, method.output_type.name)
+    return methods
+
+
+def _this_replica() -> _Replica:
+    """This process's replica (read from the module: the RPC functions travel to the
+    replica pickled by value, with a copy of the globals they name)."""
+    from nereid import ray_serve
+
+    assert ray_serve._current is not None, "no nereid replica in this process"
+    return ray_serve._current
+
+
+def _unary_rpc(name: str, response_name: str) -> Any:
+    async def call(self: Any, request: Any, grpc_context: Any = None) -> Any:
+        from tritonclient.grpc import service_pb2
+
+        try:
+            return await getattr(_this_replica().grpc, name)(request, _AbortingContext())
+        except _Aborted as aborted:
+            grpc_context.set_code(aborted.code)
+            grpc_context.set_details(aborted.message)
+            return getattr(service_pb2, response_name)()
+
+    call.__name__ = name
+    return call
+
+
+def _streaming_rpc(name: str) -> Any:
+    async def call(self: Any, request_stream: Any, grpc_context: Any = None) -> Any:
+        try:
+            async for response in getattr(_this_replica().grpc, name)(request_stream, _AbortingContext()):
+                yield response
+        except _Aborted as aborted:
+            grpc_context.set_code(aborted.code)
+            grpc_context.set_details(aborted.message)
+
+    call.__name__ = name
+    return call
+
+
 def _tagged(send: Any, replica: str) -> Any:
     header = (b"nereid-replica", replica.encode())
 
@@ -382,11 +488,9 @@ def build_application(options: ServerOptions) -> Any:
     else:
         deployment_options["num_replicas"] = options.ray_replicas
 
-    @serve.ingress(replica_app)
-    class NereidReplica:
-        pass
-
-    return serve.deployment(**deployment_options)(NereidReplica).bind()
+    # HTTP through the ingress app; gRPC through Ray's gRPC proxy, to these methods
+    replica_class = type("NereidReplica", (), _grpc_methods())
+    return serve.deployment(**deployment_options)(serve.ingress(replica_app)(replica_class)).bind()
 
 
 def start_cluster_actor() -> Any:
@@ -411,7 +515,11 @@ def run_on_ray(options: ServerOptions) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": options.http_address, "port": options.http_port})
+        grpc_options = {
+            "port": options.grpc_port,
+            "grpc_servicer_functions": ["nereid.ray_serve.add_triton_service_to_server"],
+        } if options.allow_grpc else None
+        serve.start(http_options={"host": options.http_address, "port": options.http_port}, grpc_options=grpc_options)
         cluster = start_cluster_actor()  # held here: the actor lives as long as this driver
         ray.get(cluster.live.remote())
         metrics = _serve_metrics(options, cluster) if options.allow_metrics else None
