@@ -192,6 +192,9 @@ class _Replica:
         self.errors: dict[str, str] = {}
         self.cluster: Any = None
         self._reporter: asyncio.Task[None] | None = None
+        #: one report at a time: the periodic one and a load's own must not both apply
+        #: the same pending operation
+        self._reporting: asyncio.Lock | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -233,6 +236,12 @@ class _Replica:
 
     async def report(self) -> None:
         """Tell the cluster this replica's statistics and states; apply what it has not yet."""
+        if self._reporting is None:
+            self._reporting = asyncio.Lock()
+        async with self._reporting:
+            await self._report()
+
+    async def _report(self) -> None:
         from nereid import admin
 
         report = {
