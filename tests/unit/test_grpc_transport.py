@@ -16,7 +16,14 @@ import h2.settings
 import hpack
 import pytest
 
-from nereid.grpc.transport import STREAM_HIGH_WATER, GrpcConnection, GrpcStream, PingPolicy, Status
+from nereid.grpc.transport import (
+    MAX_CONCURRENT_STREAMS,
+    STREAM_HIGH_WATER,
+    GrpcConnection,
+    GrpcStream,
+    PingPolicy,
+    Status,
+)
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -498,3 +505,23 @@ def test_the_server_pings_quiet_connections_and_closes_those_that_do_not_answer(
     clock[0] = 15.0
     server._sweep()
     assert closed == [True]
+
+
+def test_streams_past_the_advertised_limit_are_refused_and_the_others_go_on() -> None:
+    calls = RecordingCalls()
+    client = Client(calls)
+    assert client.h2.remote_settings.max_concurrent_streams == MAX_CONCURRENT_STREAMS
+    for _ in range(MAX_CONCURRENT_STREAMS):
+        client.call(b"x", end=False)
+    client.pump()
+    assert len(client.server.streams) == MAX_CONCURRENT_STREAMS
+    # a client that ignores the setting opens one more (written by hand: h2 would not)
+    from nereid.grpc.transport import _literal
+
+    block = b"\x83\x86" + _literal(b":path", PATH.encode()) + _literal(b":authority", b"x")  # POST, http
+    stream_id = 2 * MAX_CONCURRENT_STREAMS + 1
+    client.transport.written.clear()
+    client.server.data_received(struct.pack(">BHBBL", 0, len(block), 1, 0x4, stream_id) + block)
+    client.transport.run_scheduled()
+    assert bytes(client.transport.written) == struct.pack(">BHBBL", 0, 4, 3, 0, stream_id) + struct.pack(">L", 7)
+    assert len(client.server.streams) == MAX_CONCURRENT_STREAMS  # REFUSED_STREAM; the others stay open

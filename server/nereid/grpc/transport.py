@@ -57,6 +57,9 @@ _MAX_FRAME = 16384
 _STREAM_WINDOW = 4 << 20
 _CONNECTION_WINDOW = 64 << 20
 _MAX_HEADER_LIST = 64 << 10
+#: Calls one connection may have open at once (advertised; past it a new stream is refused
+#: with REFUSED_STREAM, which clients retry): bounds what one client holds in the server.
+MAX_CONCURRENT_STREAMS = 1024
 _DEFAULT_WINDOW = 65535
 _MAX_WINDOW = 2**31 - 1
 #: Header blocks remembered per connection (cleared when the decoder's table changes).
@@ -208,7 +211,8 @@ class GrpcConnection(asyncio.Protocol):
         if self._schedule is None:
             self._schedule = asyncio.get_running_loop().call_soon
         settings = b"".join(_SETTING.pack(key, value) for key, value in (
-            (_ENABLE_PUSH, 0), (_INITIAL_WINDOW_SIZE, _STREAM_WINDOW), (_MAX_HEADER_LIST_SIZE, _MAX_HEADER_LIST),
+            (_ENABLE_PUSH, 0), (_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
+            (_INITIAL_WINDOW_SIZE, _STREAM_WINDOW), (_MAX_HEADER_LIST_SIZE, _MAX_HEADER_LIST),
         ))
         transport.write(
             _frame(_SETTINGS, 0, 0, settings)
@@ -452,7 +456,7 @@ class GrpcConnection(asyncio.Protocol):
             self._data(_END_STREAM, stream_id, b"")
             return
         self._last_stream_id = stream_id
-        if self._going_away:
+        if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
             self._write(_frame(_RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         stream = GrpcStream(stream_id, headers, self._peer_stream_window)
