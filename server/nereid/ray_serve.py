@@ -351,21 +351,6 @@ class _Replica:
         return self._grpc
 
 
-class _Aborted(Exception):
-    def __init__(self, code: Any, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class _AbortingContext:
-    """The part of grpcio's ServicerContext the service uses (``abort``), for calls that
-    come through Ray's gRPC proxy: the status goes onto Ray's context."""
-
-    async def abort(self, code: Any, details: str) -> None:
-        raise _Aborted(code, details)
-
-
 def add_triton_service_to_server(servicer: Any, server: Any) -> None:
     """What Ray's gRPC proxy imports (``grpc_servicer_functions``): Triton's service, with
     its messages picklable first (Ray pickles each request on its way to a replica)."""
@@ -414,9 +399,11 @@ def _unary_rpc(name: str, response_name: str) -> Any:
     async def call(self: Any, request: Any, grpc_context: Any = None) -> Any:
         from tritonclient.grpc import service_pb2
 
+        from nereid.grpc.service import AbortContext, CallAborted
+
         try:
-            return await getattr(_this_replica().grpc, name)(request, _AbortingContext())
-        except _Aborted as aborted:
+            return await getattr(_this_replica().grpc, name)(request, AbortContext())
+        except CallAborted as aborted:
             grpc_context.set_code(aborted.code)
             grpc_context.set_details(aborted.message)
             return getattr(service_pb2, response_name)()
@@ -427,12 +414,17 @@ def _unary_rpc(name: str, response_name: str) -> Any:
 
 def _streaming_rpc(name: str) -> Any:
     async def call(self: Any, request_stream: Any, grpc_context: Any = None) -> Any:
+        from nereid.grpc.service import AbortContext, CallAborted
+
+        context = AbortContext()
         try:
-            async for response in getattr(_this_replica().grpc, name)(request_stream, _AbortingContext()):
+            async for response in getattr(_this_replica().grpc, name)(request_stream, context):
                 yield response
-        except _Aborted as aborted:
-            grpc_context.set_code(aborted.code)
-            grpc_context.set_details(aborted.message)
+        except CallAborted:
+            pass
+        if context.aborted is not None:  # raised here, or in the stream's reader
+            grpc_context.set_code(context.aborted.code)
+            grpc_context.set_details(context.aborted.message)
 
     call.__name__ = name
     return call

@@ -6,7 +6,6 @@ over HTTP, and a good request right after still succeeds."""
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, wait_until
 from tests.e2e.test_bad_input import PREFIX, SHAPE_NOTE, repo_root, server  # noqa: F401  (module fixtures)
 
 A = np.arange(16, dtype=np.int32)
@@ -256,10 +255,8 @@ def test_a_timeout_spent_in_the_queue_and_a_full_queue_are_unavailable(
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         holding = pool.submit(send, gated())
-        deadline = time.monotonic() + 30
-        while not (folder / "entered").exists():  # the first request holds the instance
-            assert time.monotonic() < deadline and not holding.done(), "the gated model never started"
-            time.sleep(0.005)
+        wait_until(lambda: (folder / "entered").exists() or holding.done(), "the gated model to start")
+        assert not holding.done(), "the gated request ended before holding the instance"
         expired = send(gated(timeout_us=1))  # answered while the instance is still held
         contenders = [pool.submit(send, gated()), pool.submit(send, gated())]
         full = next(concurrent.futures.as_completed(contenders, timeout=30)).result()

@@ -4,7 +4,7 @@ Owns the listening socket, the calls of every connection and graceful shutdown. 
 is routed by its ``:path`` to the service's method: ModelInfer goes from the bytes
 received straight to ``InferenceService.start_infer`` and its answer back through
 ``GrpcConnection.respond`` (no task, Future or context per call); every other unary RPC
-runs its coroutine in a task with a small context (``abort``), and ModelStreamInfer runs
+runs its coroutine in a task with an ``AbortContext``, and ModelStreamInfer runs
 the service's generator over the messages as they arrive. ``grpc-timeout`` deadlines,
 the message size limit and the keep-alive PINGs of
 tritonserver's flags apply here. ``--grpc-server grpcio`` serves the same service on
@@ -18,12 +18,13 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
+import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from nereid.errors import NereidError
 from nereid.grpc.codec import status_of
-from nereid.grpc.service import InferenceService
+from nereid.grpc.service import AbortContext, CallAborted, InferenceService
 from nereid.grpc.transport import GrpcConnection, GrpcStream, PingPolicy, Status
 from nereid.listening import listen
 from nereid.options import ServerOptions
@@ -35,28 +36,6 @@ _log = logging.getLogger("nereid")
 _SERVICE = "inference.GRPCInferenceService"
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _SWEEP_S = 1.0
-
-
-class _Aborted(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class _Context:
-    """The part of grpcio's ServicerContext the service uses: ``abort`` records the status
-    and raises (as grpcio's does, so an abort inside a stream's reader task still ends
-    the call with it)."""
-
-    __slots__ = ("aborted",)
-
-    def __init__(self) -> None:
-        self.aborted: _Aborted | None = None
-
-    async def abort(self, code: Any, details: str) -> None:
-        self.aborted = _Aborted(code.value[0], details)
-        raise self.aborted
 
 
 class _Method:
@@ -284,18 +263,17 @@ class NativeGrpcServer:
             call.running = ticket
 
     async def _unary(self, connection: GrpcConnection, stream: GrpcStream, call: _Call, request: Any) -> None:
-        context = _Context()
         try:
-            response = await call.method.implementation(request, context)
-        except _Aborted as aborted:
-            self._finish(connection, stream, call, aborted.code, aborted.message)
+            response = await call.method.implementation(request, AbortContext())
+        except CallAborted as aborted:
+            self._finish(connection, stream, call, aborted.code.value[0], aborted.message)
             return
         if stream.call is call:
             self._done(stream, call)
             connection.respond(stream, response.SerializeToString())
 
     async def _stream(self, connection: GrpcConnection, stream: GrpcStream, call: _Call) -> None:
-        context = _Context()
+        context = AbortContext()
         requests = call.requests
         request_type = call.method.request_type
         assert requests is not None
@@ -305,7 +283,7 @@ class NativeGrpcServer:
                 try:
                     message = request_type.FromString(data)
                 except DecodeError:
-                    await context.abort(_INTERNAL, "Unable to parse request")
+                    await context.abort(grpc.StatusCode.INTERNAL, "Unable to parse request")
                 yield message
 
         try:
@@ -314,11 +292,11 @@ class NativeGrpcServer:
                     return
                 connection.send_message(stream, response.SerializeToString())
                 await connection.writable(stream)
-        except _Aborted:
+        except CallAborted:
             pass
         aborted = context.aborted
         if aborted is not None:
-            self._finish(connection, stream, call, aborted.code, aborted.message)
+            self._finish(connection, stream, call, aborted.code.value[0], aborted.message)
         else:
             self._finish(connection, stream, call, Status.OK, "")
 
@@ -361,13 +339,3 @@ class NativeGrpcServer:
     def _fail(self, connection: GrpcConnection, stream: GrpcStream, status: int, message: str) -> None:
         """End a call that never started running (nothing to cancel)."""
         self._finish(connection, stream, stream.call, status, message)
-
-
-class _StatusCode:
-    """An object shaped like grpc.StatusCode for ``_Context.abort``."""
-
-    def __init__(self, code: int) -> None:
-        self.value = (code, "")
-
-
-_INTERNAL = _StatusCode(Status.INTERNAL)

@@ -34,12 +34,38 @@ from nereid.model_tables import ModelTables
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 
-__all__ = ["GrpcServer", "InferenceService"]
+__all__ = ["AbortContext", "CallAborted", "GrpcServer", "InferenceService"]
 
 _log = logging.getLogger("nereid")
 
 #: How ``start_infer`` answers: (the ModelInferResponse, None) or (None, the error).
 OnResponse = Callable[[Any, "BaseException | None"], None]
+
+
+class CallAborted(Exception):
+    """What ``AbortContext.abort`` raises: the call ends with ``code`` (a grpc.StatusCode)
+    and ``message``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AbortContext:
+    """The part of grpcio's ServicerContext the service uses, for the engines that are not
+    grpcio (nereid's own transport, Ray's gRPC proxy): ``abort`` records the status and
+    raises it (as grpcio's does, so an abort inside a stream's reader task still ends the
+    call with it: read ``aborted`` when the call is over)."""
+
+    __slots__ = ("aborted",)
+
+    def __init__(self) -> None:
+        self.aborted: CallAborted | None = None
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = CallAborted(code, details)
+        raise self.aborted
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: NereidError) -> Any:
