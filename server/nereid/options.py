@@ -40,6 +40,10 @@ class ServerOptions:
     grpc_http2_max_pings_without_data: int = 2
     grpc_http2_min_recv_ping_interval_without_data: int = 300_000
     grpc_http2_max_ping_strikes: int = 2
+    #: what one client may hold of the native gRPC engine (grpc/limits.py)
+    grpc_max_connections: int = 10_000
+    grpc_handshake_timeout_secs: float = 10.0
+    grpc_idle_timeout_secs: float = 600.0
     allow_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 5.0

@@ -29,6 +29,7 @@ from nereid.metrics import Metrics, MetricsListener
 from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
+from nereid.request_budget import RequestBudget
 
 if TYPE_CHECKING:
     from nereid.grpc.native import NativeGrpcServer
@@ -72,6 +73,8 @@ class Server(InProcessServer):
         super().__init__(model_repository, **options)
         options_ = self.options
         self.shm = SharedMemoryManager()
+        #: request bytes held at once over HTTP and gRPC (--max-request-bytes-in-flight)
+        self.request_budget = RequestBudget(self.options.max_request_bytes_in_flight)
         self.metrics = Metrics(self.manager)
         #: the bound metrics port while serving (None when metrics are off or failed to bind).
         self.metrics_port: int | None = None
@@ -170,7 +173,7 @@ class Server(InProcessServer):
         if options.grpc_server == "grpcio":
             server = GrpcServer(service, options)
         else:
-            server = NativeGrpcServer(service, options)
+            server = NativeGrpcServer(service, options, budget=self.request_budget)
         try:
             self.grpc_port = await server.start()
         except StartupError as exc:
@@ -214,7 +217,8 @@ class Server(InProcessServer):
 
         options = self.options
         server = NativeServer(
-            self.app, limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs
+            self.app, limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs,
+            budget=self.request_budget,
         )
         assert self._shutdown is not None
         where = f"fd {fd}" if fd is not None else f"{options.http_address}:{options.http_port}"

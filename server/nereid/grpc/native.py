@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -25,9 +26,11 @@ from tritonclient.grpc import service_pb2
 from nereid.errors import NereidError
 from nereid.grpc.codec import status_of
 from nereid.grpc.service import AbortContext, CallAborted, InferenceService
+from nereid.grpc.limits import TransportLimits
 from nereid.grpc.transport import GrpcConnection, GrpcStream, PingPolicy, Status
 from nereid.listening import listen
 from nereid.options import ServerOptions
+from nereid.request_budget import RequestBudget
 
 __all__ = ["NativeGrpcServer"]
 
@@ -75,8 +78,18 @@ class NativeGrpcServer:
     """The gRPC listener of one nereid server on its event loop (the ``Calls`` of its
     connections)."""
 
-    def __init__(self, service: InferenceService, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, service: InferenceService, options: ServerOptions, clock: Callable[[], float] = time.monotonic,
+        budget: RequestBudget | None = None,
+    ) -> None:
         self.service = service
+        self.limits = TransportLimits.from_options(options)
+        #: request bytes held, shared with the server's HTTP engine when it passes its own
+        self.budget = budget if budget is not None else RequestBudget(options.max_request_bytes_in_flight)
+        #: inflates large compressed messages off the loop (two at a time at most)
+        self._inflater: ThreadPoolExecutor | None = None
+        #: connections refused at --grpc-max-connections
+        self.refused_connections = 0
         self.address = options.http_address
         self.requested_port = options.grpc_port
         self.max_message_size = options.grpc_max_message_size
@@ -122,10 +135,25 @@ class NativeGrpcServer:
         return self.port
 
     def _connection(self) -> GrpcConnection:
-        connection = GrpcConnection(self)
-        connection.last_heard = self.now
+        refusal = None
+        if len(self.connections) >= self.limits.max_connections:
+            self.refused_connections += 1
+            refusal = f"server has {self.limits.max_connections} open gRPC connections, its limit (--grpc-max-connections)"
+        connection = GrpcConnection(self, refusal=refusal)
         self.connections.add(connection)
         return connection
+
+    def offload(self, work: Callable[[], bytes | BaseException], done: Callable[[bytes | BaseException], None]) -> None:
+        """Run ``work`` in the inflater's threads, then ``done`` on the loop."""
+        if self._inflater is None:
+            self._inflater = ThreadPoolExecutor(2, thread_name_prefix="nereid-grpc-inflate")
+        future = asyncio.get_running_loop().run_in_executor(self._inflater, work)
+
+        def finished(future: asyncio.Future[bytes | BaseException]) -> None:
+            if not future.cancelled():
+                done(future.exception() or future.result())
+
+        future.add_done_callback(finished)
 
     async def stop(self, grace: float) -> None:
         """Stop taking connections and calls (GOAWAY), let calls in flight finish for
@@ -148,12 +176,17 @@ class NativeGrpcServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await listener.wait_closed()
+        if self._inflater is not None:
+            self._inflater.shutdown(wait=False, cancel_futures=True)
 
     def _sweep(self) -> None:
         """Move ``now``; PING connections quiet for --grpc-keepalive-time, close those
         that leave a PING unanswered for --grpc-keepalive-timeout."""
         self.now = now = self.clock()
         for connection in list(self.connections):
+            connection.tick(now)
+            if connection.gone:
+                continue
             if connection.ping_sent_at is not None:
                 if now - connection.ping_sent_at >= self.keepalive_timeout:
                     _log.info("gRPC: closing a connection that did not answer a keep-alive PING")
@@ -183,8 +216,9 @@ class NativeGrpcServer:
                 return
             call.timer = asyncio.get_running_loop().call_later(seconds, self._expire, connection, stream)
         if method.streaming:
+            stream.streaming = True
             call.requests = asyncio.Queue()
-            self._run(connection, stream, self._stream(connection, stream, call))
+            self._run(connection, stream, self._stream, connection, stream, call)
 
     def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
         call: _Call | None = stream.call
@@ -217,7 +251,7 @@ class NativeGrpcServer:
         if call.method is self._model_infer:
             self._start_infer(connection, stream, call, request)
         else:
-            self._run(connection, stream, self._unary(connection, stream, call, request))
+            self._run(connection, stream, self._unary, connection, stream, call, request)
 
     def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
         call: _Call | None = stream.call
@@ -280,6 +314,7 @@ class NativeGrpcServer:
 
         async def parsed() -> AsyncIterator[Any]:
             while (data := await requests.get()) is not None:
+                connection.taken(stream, len(data))
                 try:
                     message = request_type.FromString(data)
                 except DecodeError:
@@ -300,18 +335,22 @@ class NativeGrpcServer:
         else:
             self._finish(connection, stream, call, Status.OK, "")
 
-    def _run(self, connection: GrpcConnection, stream: GrpcStream, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(self._guarded(connection, stream, coroutine))
+    def _run(self, connection: GrpcConnection, stream: GrpcStream, function: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run ``function(*args)`` in a task (made inside it: a call reset before the task
+        starts leaves no coroutine behind that was never awaited)."""
+        task = asyncio.get_running_loop().create_task(self._guarded(connection, stream, function, args))
         call: _Call = stream.call
         if stream.call is call and not stream.finished:
             call.running = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guarded(self, connection: GrpcConnection, stream: GrpcStream, coroutine: Any) -> None:
+    async def _guarded(
+        self, connection: GrpcConnection, stream: GrpcStream, function: Callable[..., Awaitable[None]], args: tuple[Any, ...],
+    ) -> None:
         call = stream.call
         try:
-            await coroutine
+            await function(*args)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a bug: the call fails, the server goes on

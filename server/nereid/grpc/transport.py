@@ -1,15 +1,20 @@
 """GrpcConnection: gRPC's HTTP/2 on the asyncio loop, one protocol object per socket.
 
 The framing a gRPC server needs (RFC 9113, and gRPC's "PROTOCOL-HTTP2"): the preface and
-SETTINGS exchange, HEADERS/CONTINUATION decoded with ``hpack`` (a header block seen
-before on the connection, with the decoder's table unchanged since, is not decoded
-again: clients repeat theirs), DATA cut into gRPC's length-prefixed messages
-(gzip/deflate ones inflated), flow control both ways, PING, RST_STREAM and GOAWAY.
-What a call means is the ``Calls`` object's business (``native.py``): the connection
-tells it ``open`` (a request's headers), ``message``, ``end`` (the client half-closed)
-and ``reset`` (the client or the connection went away), and it answers with
-``respond`` (one message and OK, one socket write when the windows allow),
-``send_message`` and ``finish`` (the status trailers).
+SETTINGS exchange, HEADERS/CONTINUATION (``headers.HeaderBlocks``), DATA cut into gRPC's
+length-prefixed messages (gzip/deflate ones inflated, large ones off the loop), flow
+control both ways and enforced, PING, RST_STREAM and GOAWAY. What a call means is the
+``Calls`` object's business (``native.py``): the connection tells it ``open`` (a
+request's headers), ``message``, ``end`` (the client half-closed) and ``reset`` (the
+client or the connection went away), and it answers with ``respond`` (one message and
+OK, one socket write when the windows allow), ``send_message`` and ``finish`` (the status
+trailers).
+
+The connection's lifecycle is ``ConnectionState``; a stream's is ``stream.StreamState``.
+What a client may hold and how much noise it may make are ``limits.TransportLimits``:
+every request byte is charged to the server's ``RequestBudget`` (shared with HTTP) from
+its message's prefix until its call is answered; a client past an allowance of
+RST_STREAM, SETTINGS or empty frames is told GOAWAY ENHANCE_YOUR_CALM.
 
 Why it exists: grpcio's asyncio server spent about four fifths of nereid's CPU per
 ModelInfer on its own per-call machinery (perf/README.md); this one answers a call
@@ -19,93 +24,36 @@ from the bytes received to one ``transport.write``, with no task or Future per c
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import struct
 import zlib
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-import hpack
+from nereid.grpc.frames import (
+    DEFAULT_WINDOW, FRAME_HEADER, MAX_MAX_FRAME, MAX_WINDOW, MESSAGE_PREFIX, MIN_MAX_FRAME, PREFACE, RESPONSE_HEAD,
+    SETTING, TRAILERS_OK, U32, ErrorCode, Flag, FrameType, Setting, data_frame_header, frame, literal, percent_encoded,
+)
+from nereid.grpc.headers import CompressionFailure, HeaderBlocks, MalformedHeaders
+from nereid.grpc.limits import Allowance, TransportLimits
+from nereid.grpc.stream import GrpcStream, ResponsePhase, StreamState
+from nereid.request_budget import RequestBudget
 
-__all__ = ["Calls", "GrpcConnection", "GrpcStream", "PingPolicy", "Status"]
+__all__ = ["Calls", "ConnectionState", "GrpcConnection", "GrpcStream", "PingPolicy", "Status", "MAX_CONCURRENT_STREAMS",
+           "STREAM_HIGH_WATER", "INLINE_INFLATE"]
 
 _log = logging.getLogger("nereid")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_DEFAULT_LIMITS = TransportLimits()
+MAX_CONCURRENT_STREAMS = _DEFAULT_LIMITS.max_streams
+STREAM_HIGH_WATER = _DEFAULT_LIMITS.stream_high_water
+#: Compressed messages up to this size are inflated on the loop; larger ones in a thread.
+INLINE_INFLATE = 8 << 10
 
-# Frame types, flags, settings and error codes (RFC 9113 sections 6, 6.5.2, 7).
-_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = range(10)
-_END_STREAM = _ACK = 0x1
-_END_HEADERS = 0x4
-_PADDED = 0x8
-_PRIORITY_FLAG = 0x20
-_HEADER_TABLE_SIZE, _ENABLE_PUSH, _MAX_CONCURRENT_STREAMS, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_HEADER_LIST_SIZE = range(1, 7)
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
-ENHANCE_YOUR_CALM = 11
-
-_FRAME = struct.Struct(">BHBBL")  # length (24 bits as 8 + 16), type, flags, stream id
-_MESSAGE = struct.Struct(">BL")  # gRPC: compressed flag, length
-_U32 = struct.Struct(">L")
-_SETTING = struct.Struct(">HL")
-
-#: What nereid receives: frames up to the protocol's default size, a stream window that
-#: lets a 4 MiB message arrive without a round trip, and a connection window of 64 MiB;
-#: both are topped up once half is used.
-_MAX_FRAME = 16384
-_STREAM_WINDOW = 4 << 20
-_CONNECTION_WINDOW = 64 << 20
-_MAX_HEADER_LIST = 64 << 10
-#: Calls one connection may have open at once (advertised; past it a new stream is refused
-#: with REFUSED_STREAM, which clients retry): bounds what one client holds in the server.
-MAX_CONCURRENT_STREAMS = 1024
-_DEFAULT_WINDOW = 65535
-_MAX_WINDOW = 2**31 - 1
-#: Header blocks remembered per connection (cleared when the decoder's table changes).
-_MAX_CACHED_BLOCKS = 64
-#: Response bytes a stream may queue beyond the client's window before its writer waits.
-STREAM_HIGH_WATER = 1 << 20
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    size = len(payload)
-    return _FRAME.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """HPACK's integer (RFC 7541 5.1) with ``first``'s high bits set in its first byte."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A header field "without indexing, new name", no Huffman: nothing in the peer's
-    decoder table depends on it."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-#: ``:status 200`` (static index 8) and ``content-type: application/grpc``.
-_RESPONSE_HEAD = b"\x88" + _literal(b"content-type", b"application/grpc")
-_TRAILERS_OK = _literal(b"grpc-status", b"0")
-
-
-def _percent_encoded(message: str) -> bytes:
-    """gRPC's grpc-message encoding: UTF-8, with bytes outside printable ASCII and '%' escaped."""
-    data = message.encode("utf-8", "replace")
-    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in data):
-        return data
-    return b"".join(
-        bytes((byte,)) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in data
-    )
+_DATA, _HEADERS, _CONTINUATION = FrameType.DATA, FrameType.HEADERS, FrameType.CONTINUATION
+_END_STREAM, _END_HEADERS, _PADDED = Flag.END_STREAM, Flag.END_HEADERS, Flag.PADDED
+#: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
+_SELF_DEPENDENT = 0x100
 
 
 class Status:
@@ -115,32 +63,12 @@ class Status:
     RESOURCE_EXHAUSTED, INTERNAL, UNIMPLEMENTED, UNAVAILABLE = 8, 13, 12, 14
 
 
-class GrpcStream:
-    """One call's stream: what came in (headers, the message being assembled), what may
-    go out (the client's window, bytes waiting for it) and how far each side is."""
-
-    __slots__ = (
-        "id", "headers", "call", "inbox", "send_window", "pending", "pending_bytes", "trailers",
-        "head_sent", "remote_closed", "finished", "unacked", "inflate", "drained",
-    )
-
-    def __init__(self, stream_id: int, headers: dict[bytes, bytes], send_window: int) -> None:
-        self.id = stream_id
-        self.headers = headers
-        #: the Calls object's state for this stream
-        self.call: Any = None
-        self.inbox = bytearray()
-        self.send_window = send_window
-        self.pending: deque[memoryview] = deque()
-        self.pending_bytes = 0
-        self.trailers: bytes | None = None
-        self.head_sent = False
-        self.remote_closed = False
-        self.finished = False
-        self.unacked = 0
-        self.inflate: str | None = None
-        #: set while the stream has nothing queued beyond the client's window
-        self.drained: asyncio.Event | None = None
+class ConnectionState(enum.Enum):
+    PREFACE = "awaiting the client preface"
+    SETTINGS = "awaiting the client's first SETTINGS"
+    OPEN = "open"
+    DRAINING = "going away"  # GOAWAY sent or received: no new streams; closes when the last ends
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +82,12 @@ class PingPolicy:
 
 class Calls(Protocol):
     """What a connection tells about its calls (``native.NativeGrpcServer``), and the
-    server-wide settings and coarse clock it reads."""
+    server-wide settings, budget and coarse clock it reads."""
 
     max_message_size: int
     pings: PingPolicy
+    limits: TransportLimits
+    budget: RequestBudget
     now: float
 
     def open(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
@@ -165,6 +95,8 @@ class Calls(Protocol):
     def end(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
     def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
     def closed(self, connection: GrpcConnection) -> None: ...
+    def offload(self, work: Callable[[], bytes | BaseException], done: Callable[[bytes | BaseException], None]) -> None:
+        """Run ``work`` off the loop, then ``done`` with its result on the loop."""
 
 
 class _ConnectionError(Exception):
@@ -174,35 +106,66 @@ class _ConnectionError(Exception):
         self.reason = reason
 
 
-class GrpcConnection(asyncio.Protocol):
-    """The server side of one HTTP/2 connection carrying gRPC calls."""
+class _StreamError(Exception):
+    def __init__(self, stream_id: int, code: int) -> None:
+        super().__init__(stream_id, code)
+        self.stream_id = stream_id
+        self.code = code
 
-    def __init__(self, calls: Calls, schedule: Callable[[Callable[[], None]], Any] | None = None) -> None:
+
+class GrpcConnection(asyncio.Protocol):
+    """The server side of one HTTP/2 connection carrying gRPC calls. ``refusal``: the
+    connection is told GOAWAY with that reason as soon as it opens (a server at its
+    connection limit)."""
+
+    def __init__(
+        self, calls: Calls, schedule: Callable[[Callable[[], None]], Any] | None = None, refusal: str | None = None,
+    ) -> None:
         self._calls = calls
+        self._limits = limits = calls.limits
         self._schedule = schedule
+        self._refusal = refusal
         self._transport: Any = None
+        self.state = ConnectionState.PREFACE
         #: bytes to send once the loop's current callbacks are done (None: nothing waits)
         self._out: list[bytes] | None = None
         self._buffer = bytearray()
-        self._preface_seen = False
-        self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = _MAX_HEADER_LIST
-        self._blocks: dict[bytes, dict[bytes, bytes]] = {}
+        self._blocks = HeaderBlocks(limits.max_header_list)
+        #: a header block being assembled from CONTINUATION frames: stream, flags, bytes, frames
+        self._header_block: tuple[int, int, bytearray, list[int]] | None = None
         self.streams: dict[int, GrpcStream] = {}
         self._last_stream_id = 0
-        self._continuation: tuple[int, int, bytearray] | None = None
-        self._send_window = _DEFAULT_WINDOW
-        self._peer_stream_window = _DEFAULT_WINDOW
-        self._peer_max_frame = _MAX_FRAME
-        self._unacked = 0
+        self._send_window = DEFAULT_WINDOW
+        self._recv_window = limits.connection_window
+        self._recv_unacked = 0
+        self._peer_stream_window = DEFAULT_WINDOW
+        self._peer_max_frame = MIN_MAX_FRAME
         self._blocked: dict[int, GrpcStream] = {}
-        self._going_away = False
-        self.gone = False
+        #: why reading is paused (the client does not read; a message is being inflated)
+        self._read_holds: set[str] = set()
+        #: a stream whose message is inflating off the loop, and whether its frame ended it
+        self._inflating: tuple[GrpcStream, bool] | None = None
+        now = calls.now
+        self.opened_at = now
         #: when a frame last arrived (the server's coarse clock), and an unanswered PING's time
-        self.last_heard = 0.0
+        self.last_heard = now
         self.ping_sent_at: float | None = None
+        self._stalled_since: float | None = None
         self._last_ping_received: float | None = None
         self._ping_strikes = 0
+        self._resets = Allowance(limits.resets, now)
+        self._settings_allowance = Allowance(limits.settings, now)
+        self._idle_frames = Allowance(limits.idle_frames, now)
+        self._handlers: dict[int, Callable[[int, int, bytes], None]] = {
+            FrameType.DATA: self._data, FrameType.HEADERS: self._headers, FrameType.CONTINUATION: self._continue,
+            FrameType.WINDOW_UPDATE: self._window_update, FrameType.SETTINGS: self._settings,
+            FrameType.PING: self._ping, FrameType.RST_STREAM: self._rst_stream, FrameType.GOAWAY: self._goaway,
+            FrameType.PUSH_PROMISE: self._push_promise, FrameType.PRIORITY: self._priority,
+        }
+
+    @property
+    def gone(self) -> bool:
+        return self.state is ConnectionState.CLOSED
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -210,35 +173,36 @@ class GrpcConnection(asyncio.Protocol):
         self._transport = transport
         if self._schedule is None:
             self._schedule = asyncio.get_running_loop().call_soon
-        settings = b"".join(_SETTING.pack(key, value) for key, value in (
-            (_ENABLE_PUSH, 0), (_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
-            (_INITIAL_WINDOW_SIZE, _STREAM_WINDOW), (_MAX_HEADER_LIST_SIZE, _MAX_HEADER_LIST),
+        limits = self._limits
+        settings = b"".join(SETTING.pack(key, value) for key, value in (
+            (Setting.ENABLE_PUSH, 0), (Setting.MAX_CONCURRENT_STREAMS, limits.max_streams),
+            (Setting.INITIAL_WINDOW_SIZE, limits.stream_window), (Setting.MAX_HEADER_LIST_SIZE, limits.max_header_list),
         ))
         transport.write(
-            _frame(_SETTINGS, 0, 0, settings)
-            + _frame(_WINDOW_UPDATE, 0, 0, _U32.pack(_CONNECTION_WINDOW - _DEFAULT_WINDOW))
+            frame(FrameType.SETTINGS, 0, 0, settings)
+            + frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(limits.connection_window - DEFAULT_WINDOW))
         )
+        if self._refusal is not None:
+            self._fail(ErrorCode.ENHANCE_YOUR_CALM, self._refusal)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.gone = True
+        self.state = ConnectionState.CLOSED
         self._out = None
         streams = list(self.streams.values())
         self.streams.clear()
         self._blocked.clear()
         for stream in streams:
-            stream.finished = True
+            self._forget(stream)
             self._calls.reset(self, stream)
-            if stream.drained is not None:
-                stream.drained.set()
         self._calls.closed(self)
 
     def pause_writing(self) -> None:
-        if not self.gone:
-            self._transport.pause_reading()  # a client that does not read is not read either
+        self._stalled_since = self._calls.now
+        self._hold_reading("writing")  # a client that does not read is not read either
 
     def resume_writing(self) -> None:
-        if not self.gone:
-            self._transport.resume_reading()
+        self._stalled_since = None
+        self._release_reading("writing")
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self._calls.now
@@ -248,30 +212,8 @@ class GrpcConnection(asyncio.Protocol):
             view: bytes | bytearray = buffer
         else:
             view = data
-        position = 0
         try:
-            if not self._preface_seen:
-                if len(view) < len(PREFACE):
-                    if not PREFACE.startswith(bytes(view)):
-                        raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
-                    if not buffer:
-                        buffer += data
-                    return
-                if view[:len(PREFACE)] != PREFACE:
-                    raise _ConnectionError(PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
-                self._preface_seen = True
-                position = len(PREFACE)
-            end = len(view)
-            while end - position >= 9 and not self.gone:
-                high, low, kind, flags, stream_id = _FRAME.unpack_from(view, position)
-                size = high << 16 | low
-                if size > _MAX_FRAME:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, f"frame of {size} bytes exceeds {_MAX_FRAME}")
-                if end - position - 9 < size:
-                    break
-                start = position + 9
-                position = start + size
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(view[start:position]))
+            position = self._frames(view)
         except _ConnectionError as error:
             self._fail(error.code, error.reason)
             return
@@ -280,48 +222,350 @@ class GrpcConnection(asyncio.Protocol):
         elif position < len(view):
             buffer += view[position:]
 
+    def _frames(self, view: bytes | bytearray) -> int:
+        """Handle every whole frame in ``view``; the bytes taken."""
+        position = 0
+        if self.state is ConnectionState.PREFACE:
+            if len(view) < len(PREFACE):
+                if not PREFACE.startswith(bytes(view)):
+                    raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
+                return 0
+            if view[:len(PREFACE)] != PREFACE:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
+            self.state = ConnectionState.SETTINGS
+            position = len(PREFACE)
+        end = len(view)
+        max_frame = self._limits.max_frame
+        handlers = self._handlers
+        while end - position >= 9 and self._inflating is None and self.state is not ConnectionState.CLOSED:
+            high, low, kind, flags, stream_id = FRAME_HEADER.unpack_from(view, position)
+            size = high << 16 | low
+            if size > max_frame:
+                raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"frame of {size} bytes exceeds {max_frame}")
+            if end - position - 9 < size:
+                break
+            start = position + 9
+            position = start + size
+            stream_id &= 0x7FFFFFFF
+            if self._header_block is not None and kind != _CONTINUATION:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "expected CONTINUATION")
+            if self.state is ConnectionState.SETTINGS and (kind != FrameType.SETTINGS or flags & Flag.ACK):
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client preface must end with SETTINGS")
+            handler = handlers.get(kind)
+            if handler is None:
+                self._idle_frame("frames of unknown types")
+                continue
+            try:
+                handler(flags, stream_id, bytes(view[start:position]))
+            except _StreamError as error:
+                self._stream_error(error.stream_id, error.code)
+        return position
+
     # -- frames in -----------------------------------------------------------------------
 
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and kind != _CONTINUATION:
-            raise _ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
-        if kind == _DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == _HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == _CONTINUATION:
-            self._continue(flags, stream_id, payload)
-        elif kind == _WINDOW_UPDATE:
-            self._window_update(stream_id, payload)
-        elif kind == _SETTINGS:
-            self._settings(flags, stream_id, payload)
-        elif kind == _PING:
-            if stream_id or len(payload) != 8:
-                raise _ConnectionError(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "bad PING")
-            if flags & _ACK:
-                self.ping_sent_at = None
-            elif self._ping_allowed():
-                self._write(_frame(_PING, _ACK, 0, payload))
-        elif kind == _RST_STREAM:
-            if not stream_id or len(payload) != 4:
-                raise _ConnectionError(PROTOCOL_ERROR, "bad RST_STREAM")
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None:
-                self._blocked.pop(stream_id, None)
-                stream.finished = True
-                if stream.drained is not None:
-                    stream.drained.set()
-                self._calls.reset(self, stream)
-        elif kind == _GOAWAY:
-            self._going_away = True
-            if not self.streams:
-                self.close()
-        elif kind == _PUSH_PROMISE:
-            raise _ConnectionError(PROTOCOL_ERROR, "a client may not push")
-        elif kind == _PRIORITY:
-            if len(payload) != 5:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "bad PRIORITY")
-        # unknown frame types are ignored (RFC 9113 4.1)
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)
+        if size > self._recv_window:
+            raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA past the connection's window")
+        self._recv_window -= size
+        self._recv_unacked += size
+        if self._recv_unacked >= self._limits.connection_window // 2:
+            self._write(frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(self._recv_unacked)))
+            self._recv_window += self._recv_unacked
+            self._recv_unacked = 0
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self._last_stream_id:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            if not size:
+                self._idle_frame("empty frames")
+            return  # a stream nereid already closed: its late data is dropped
+        if stream.state is not StreamState.OPEN:
+            raise _StreamError(stream_id, ErrorCode.STREAM_CLOSED)
+        if size > stream.recv_window:
+            raise _StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR)
+        stream.recv_window -= size
+        if flags & _PADDED:
+            payload = _unpad(payload)
+        ended = bool(flags & _END_STREAM)
+        if payload:
+            stream.unacked += size
+            inbox = stream.inbox
+            if not inbox:  # the usual case: whole messages in one frame
+                taken = self._messages(stream, payload)
+                if taken < len(payload):
+                    inbox += memoryview(payload)[taken:]
+            else:
+                inbox += payload
+                del inbox[:self._messages(stream, inbox)]
+            if self._inflating is not None:
+                self._inflating = (stream, ended)
+                return
+            self._give_window(stream)
+        elif not ended:
+            self._idle_frame("empty frames")
+        if ended:
+            self._remote_end(stream)
+
+    def _remote_end(self, stream: GrpcStream) -> None:
+        if stream.state is not StreamState.OPEN:
+            return
+        stream.state = StreamState.HALF_CLOSED_REMOTE
+        if stream.inbox:
+            self._calls_error(stream, Status.INTERNAL, "Incomplete gRPC message at the end of the stream")
+            return
+        self._tell(self._calls.end, stream)
+
+    def _messages(self, stream: GrpcStream, data: bytes | bytearray) -> int:
+        """Hand each complete gRPC message in ``data`` to the calls; the bytes taken (the
+        rest is an incomplete message, or follows a message inflating off the loop)."""
+        position = 0
+        end = len(data)
+        while end - position >= 5 and stream.state is not StreamState.CLOSED:
+            compressed: int
+            size: int
+            compressed, size = MESSAGE_PREFIX.unpack_from(data, position)
+            if stream.expect < 0 or position:
+                if not self._admit(stream, compressed, size):
+                    return end
+                stream.expect = size
+            if end - position - 5 < size:
+                break
+            message = bytes(data[position + 5:position + 5 + size])
+            position += 5 + size
+            stream.expect = -1
+            if not compressed:
+                self._deliver(stream, message)
+            elif size <= INLINE_INFLATE:
+                self._inflated(stream, _inflate(stream.inflate, message, self._calls.max_message_size))
+            else:
+                self._inflate_off_loop(stream, message)
+                return position
+        return position
+
+    def _admit(self, stream: GrpcStream, compressed: int, size: int) -> bool:
+        """Charge a message's declared size to the server's budget, or end the call."""
+        limit = self._calls.max_message_size
+        if size > limit:
+            self._calls_error(stream, Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+            return False
+        if compressed and stream.inflate is None:
+            self._calls_error(stream, Status.INTERNAL, "a compressed message without grpc-encoding")
+            return False
+        return self._charge(stream, size)
+
+    def _charge(self, stream: GrpcStream, size: int) -> bool:
+        budget = self._calls.budget
+        if not budget.admits(size):
+            self._calls_error(stream, Status.RESOURCE_EXHAUSTED, budget.refusal(size))
+            return False
+        budget.held += size
+        stream.held += size
+        return True
+
+    def _deliver(self, stream: GrpcStream, message: bytes) -> None:
+        if stream.streaming:
+            stream.backlog += 1
+        self._tell(self._calls.message, stream, message)
+
+    def _inflated(self, stream: GrpcStream, result: bytes | BaseException) -> None:
+        if stream.state is StreamState.CLOSED:
+            return
+        if isinstance(result, BaseException):
+            self._calls_error(stream, Status.INTERNAL, str(result))
+        elif self._charge(stream, len(result)):
+            self._deliver(stream, result)
+
+    def _inflate_off_loop(self, stream: GrpcStream, message: bytes) -> None:
+        """Inflate in a thread; the connection reads nothing more until it is done (the
+        stream's next messages, and the frames after, keep their order)."""
+        self._inflating = (stream, False)
+        self._hold_reading("inflating")
+        encoding, limit = stream.inflate, self._calls.max_message_size
+        self._calls.offload(lambda: _inflate(encoding, message, limit), self._inflate_done)
+
+    def _inflate_done(self, result: bytes | BaseException) -> None:
+        suspended = self._inflating
+        if suspended is None or self.gone:
+            return
+        stream, ended = suspended
+        self._inflating = None
+        self._inflated(stream, result)
+        if stream.inbox and stream.state is not StreamState.CLOSED:
+            del stream.inbox[:self._messages(stream, stream.inbox)]
+        if self._inflating is not None:
+            self._inflating = (stream, ended)
+            return
+        if stream.state is not StreamState.CLOSED:
+            self._give_window(stream)
+            if ended:
+                self._remote_end(stream)
+        self._release_reading("inflating")
+        if self._buffer and not self.gone:
+            self.data_received(b"")
+
+    def taken(self, stream: GrpcStream, size: int) -> None:
+        """A streaming call took a message of ``size`` bytes: its budget is given back,
+        and the client's window with it once the backlog allows."""
+        if stream.state is StreamState.CLOSED:
+            return  # its budget went back when it closed
+        stream.backlog -= 1
+        self._calls.budget.held -= size
+        stream.held -= size
+        if stream.state is StreamState.OPEN:
+            self._give_window(stream)
+
+    def _give_window(self, stream: GrpcStream) -> None:
+        """Top up the client's window for the stream once half of it is used, unless the
+        stream's call has not taken what it already holds."""
+        if stream.unacked >= self._limits.stream_window // 2 and stream.backlog < self._limits.stream_backlog:
+            self._write(frame(FrameType.WINDOW_UPDATE, 0, stream.id, U32.pack(stream.unacked)))
+            stream.recv_window += stream.unacked
+            stream.unacked = 0
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id or not stream_id & 1:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
+        if flags & _PADDED:
+            payload = _unpad(payload)
+        if flags & Flag.PRIORITY:
+            if len(payload) < 5:
+                raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id:
+                flags |= _SELF_DEPENDENT
+            payload = payload[5:]
+        if not flags & _END_HEADERS:
+            if not payload:
+                self._idle_frame("empty frames")
+            self._header_block = (stream_id, flags, bytearray(payload), [0])
+            return
+        self._header_block_done(stream_id, flags, payload)
+
+    def _continue(self, flags: int, stream_id: int, payload: bytes) -> None:
+        pending = self._header_block
+        if pending is None or pending[0] != stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        block, count = pending[2], pending[3]
+        block.extend(payload)
+        count[0] += 1
+        limits = self._limits
+        if len(block) > limits.max_header_list:
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"header block over {limits.max_header_list} bytes")
+        if count[0] > limits.max_continuations:
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"header block in over {limits.max_continuations} CONTINUATION frames")
+        if flags & _END_HEADERS:
+            self._header_block = None
+            self._header_block_done(stream_id, pending[1], bytes(block))
+        elif not payload:
+            self._idle_frame("empty frames")
+
+    def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
+        stream = self.streams.get(stream_id)
+        trailers = stream is not None or stream_id <= self._last_stream_id
+        try:
+            headers = self._blocks.decode(block, trailers=trailers)
+        except CompressionFailure as exc:
+            raise _ConnectionError(ErrorCode.COMPRESSION_ERROR, str(exc)) from exc
+        except MalformedHeaders as exc:
+            _log.debug("gRPC: stream %d: malformed headers: %s", stream_id, exc)
+            self._last_stream_id = max(self._last_stream_id, stream_id)
+            raise _StreamError(stream_id, ErrorCode.PROTOCOL_ERROR) from exc
+        if trailers:  # the client's trailers, or a stream that is closed
+            if stream is None or stream.state is not StreamState.OPEN:
+                raise _StreamError(stream_id, ErrorCode.STREAM_CLOSED)
+            if not flags & _END_STREAM or flags & _SELF_DEPENDENT:
+                raise _StreamError(stream_id, ErrorCode.PROTOCOL_ERROR)
+            self._remote_end(stream)
+            return
+        self._last_stream_id = stream_id
+        if flags & _SELF_DEPENDENT:
+            raise _StreamError(stream_id, ErrorCode.PROTOCOL_ERROR)
+        if self.state is not ConnectionState.OPEN or len(self.streams) >= self._limits.max_streams:
+            self._spend(self._resets, "refused streams")
+            self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(ErrorCode.REFUSED_STREAM)))
+            return
+        stream = GrpcStream(stream_id, headers, self._peer_stream_window, self._limits.stream_window)
+        self.streams[stream_id] = stream
+        encoding = headers.get(b"grpc-encoding")
+        if encoding is not None and encoding != b"identity":
+            if encoding not in (b"gzip", b"deflate"):
+                self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
+                return
+            stream.inflate = encoding.decode()
+        self._tell(self._calls.open, stream)
+        if flags & _END_STREAM:
+            self._remote_end(stream)
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & Flag.ACK:
+            if payload:
+                raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+        if self.state is ConnectionState.SETTINGS:
+            self.state = ConnectionState.OPEN
+        else:
+            self._spend(self._settings_allowance, "SETTINGS frames")
+        for offset in range(0, len(payload), 6):
+            key, value = SETTING.unpack_from(payload, offset)
+            if key == Setting.ENABLE_PUSH and value > 1:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"ENABLE_PUSH of {value}")
+            if key == Setting.INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "initial window size too large")
+                delta = value - self._peer_stream_window
+                self._peer_stream_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
+            elif key == Setting.MAX_FRAME_SIZE:
+                if not MIN_MAX_FRAME <= value <= MAX_MAX_FRAME:
+                    raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"bad max frame size {value}")
+                self._peer_max_frame = value
+        self._write(frame(FrameType.SETTINGS, Flag.ACK, 0))
+        self._flush_blocked()
+
+    def _window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        increment = U32.unpack(payload)[0] & 0x7FFFFFFF
+        if not stream_id:
+            if not increment:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+            self._flush_blocked()
+            return
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self._last_stream_id:
+                raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
+            self._idle_frame("frames on closed streams")
+            return
+        if not increment:
+            raise _StreamError(stream_id, ErrorCode.PROTOCOL_ERROR)
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            raise _StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR)
+        if stream.pending or stream.trailers is not None:
+            self._flush(stream)
+
+    def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 8:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING of a bad length")
+        if stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+        if flags & Flag.ACK:
+            self.ping_sent_at = None
+        elif self._ping_allowed():
+            self._write(frame(FrameType.PING, Flag.ACK, 0, payload))
 
     def _ping_allowed(self) -> bool:
         """grpc's ping policing (tritonserver's --grpc-http2-* flags): a PING sooner than
@@ -340,205 +584,45 @@ class GrpcConnection(asyncio.Protocol):
             return True
         self._ping_strikes += 1
         if policy.max_strikes and self._ping_strikes > policy.max_strikes:
-            self._fail(ENHANCE_YOUR_CALM, "too_many_pings")
-            return False
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too_many_pings")
         return True
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if not stream_id:
-            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
-        size = len(payload)
-        self._unacked += size
-        if self._unacked >= _CONNECTION_WINDOW // 2:
-            self._write(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(self._unacked)))
-            self._unacked = 0
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            if stream_id > self._last_stream_id:
-                raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # a stream nereid already finished: its late data is dropped
-        if stream.remote_closed:
-            self._reset(stream, STREAM_CLOSED)
-            return
-        if flags & _PADDED:
-            payload = _unpad(payload)
-        if payload:
-            stream.unacked += size
-            if stream.unacked >= _STREAM_WINDOW // 2 and not flags & _END_STREAM:
-                self._write(_frame(_WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.unacked)))
-                stream.unacked = 0
-            inbox = stream.inbox
-            if not inbox and size >= 5:  # the usual case: whole messages in one frame
-                self._messages(stream, payload)
-            else:
-                inbox += payload
-                taken = self._messages(stream, inbox)
-                del inbox[:taken]
-        if flags & _END_STREAM and not stream.finished:
-            stream.remote_closed = True
-            if stream.inbox:
-                self._calls_error(stream, Status.INTERNAL, "Incomplete gRPC message at the end of the stream")
-                return
-            self._calls.end(self, stream)
-
-    def _messages(self, stream: GrpcStream, data: bytes | bytearray) -> int:
-        """Hand each complete gRPC message in ``data`` to the calls; returns the bytes taken.
-        Keeps what is incomplete in the stream's inbox."""
-        position = 0
-        end = len(data)
-        limit = self._calls.max_message_size
-        while end - position >= 5 and not stream.finished:
-            compressed, size = _MESSAGE.unpack_from(data, position)
-            if size > limit:
-                self._calls_error(
-                    stream, Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})"
-                )
-                return end
-            if end - position - 5 < size:
-                break
-            message = bytes(data[position + 5:position + 5 + size])
-            position += 5 + size
-            if compressed:
-                try:
-                    message = self._inflate(stream, message, limit)
-                except ValueError as exc:
-                    self._calls_error(stream, Status.INTERNAL, str(exc))
-                    return end
-            self._calls.message(self, stream, message)
-        if position < end and data is not stream.inbox:
-            stream.inbox += data[position:]
-            return end
-        return position
-
-    @staticmethod
-    def _inflate(stream: GrpcStream, message: bytes, limit: int) -> bytes:
-        encoding = stream.inflate
-        if encoding is None:
-            raise ValueError("a compressed message without grpc-encoding")
-        inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
-        try:
-            out = inflater.decompress(message, limit + 1)
-        except zlib.error as exc:
-            raise ValueError(f"cannot inflate the {encoding} message: {exc}") from exc
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise ValueError(f"Received message larger than max (inflated past {limit})")
-        return out
-
-    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if not stream_id or not stream_id & 1:
-            raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
-        if flags & _PADDED:
-            payload = _unpad(payload)
-        if flags & _PRIORITY_FLAG:
-            payload = payload[5:]
-        if not flags & _END_HEADERS:
-            self._continuation = (stream_id, flags, bytearray(payload))
-            return
-        self._header_block(stream_id, flags, payload)
-
-    def _continue(self, flags: int, stream_id: int, payload: bytes) -> None:
-        pending = self._continuation
-        if pending is None or pending[0] != stream_id:
-            raise _ConnectionError(PROTOCOL_ERROR, "unexpected CONTINUATION")
-        pending[2].extend(payload)
-        if len(pending[2]) > _MAX_HEADER_LIST:
-            raise _ConnectionError(ENHANCE_YOUR_CALM, f"header block over {_MAX_HEADER_LIST} bytes")
-        if flags & _END_HEADERS:
-            self._continuation = None
-            self._header_block(stream_id, pending[1], bytes(pending[2]))
-
-    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode(block)
-        stream = self.streams.get(stream_id)
-        if stream is not None or stream_id <= self._last_stream_id:  # the client's trailers
-            if stream is None or not flags & _END_STREAM:
-                raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id} after it began")
-            self._data(_END_STREAM, stream_id, b"")
-            return
-        self._last_stream_id = stream_id
-        if self._going_away or len(self.streams) >= MAX_CONCURRENT_STREAMS:
-            self._write(_frame(_RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
-            return
-        stream = GrpcStream(stream_id, headers, self._peer_stream_window)
-        self.streams[stream_id] = stream
-        encoding = headers.get(b"grpc-encoding")
-        if encoding is not None and encoding != b"identity":
-            if encoding not in (b"gzip", b"deflate"):
-                self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
-                return
-            stream.inflate = encoding.decode()
-        self._calls.open(self, stream)
-        if flags & _END_STREAM and not stream.finished:
-            stream.remote_closed = True
-            self._calls.end(self, stream)
-
-    def _decode(self, block: bytes) -> dict[bytes, bytes]:
-        """The block's headers; one seen before comes from the cache, valid while the
-        decoder's table has not changed (any block that changes it clears the cache)."""
-        cached = self._blocks.get(block)
-        if cached is not None:
-            return cached
-        table = self._decoder.header_table
-        entries = table.dynamic_entries
-        before = (len(entries), entries[0] if entries else None, table.maxsize)
-        try:
-            fields = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
-            raise _ConnectionError(COMPRESSION_ERROR, f"cannot decode a header block: {exc}") from exc
-        headers = {bytes(name): bytes(value) for name, value in fields}
-        if (len(entries), entries[0] if entries else None, table.maxsize) != before:
-            self._blocks.clear()
-        elif len(self._blocks) < _MAX_CACHED_BLOCKS:
-            self._blocks[block] = headers
-        return headers
-
-    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & _ACK:
-            return
-        if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
-        for offset in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, offset)
-            if key == _INITIAL_WINDOW_SIZE:
-                if value > _MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "initial window size too large")
-                delta = value - self._peer_stream_window
-                self._peer_stream_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-            elif key == _MAX_FRAME_SIZE:
-                if not 16384 <= value <= 16777215:
-                    raise _ConnectionError(PROTOCOL_ERROR, f"bad max frame size {value}")
-                self._peer_max_frame = value
-        self._write(_frame(_SETTINGS, _ACK, 0))
-        self._flush_blocked()
-
-    def _window_update(self, stream_id: int, payload: bytes) -> None:
+    def _rst_stream(self, flags: int, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a bad length")
+        if not stream_id or stream_id > self._last_stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        self._spend(self._resets, "RST_STREAM frames")
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None:
+            self._forget(stream)
+            self._tell(self._calls.reset, stream)
+
+    def _goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY too short")
+        self.state = ConnectionState.DRAINING
+        if not self.streams:
+            self.close()
+
+    def _push_promise(self, flags: int, stream_id: int, payload: bytes) -> None:
+        raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "a client may not push")
+
+    def _priority(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id:
-            if not increment:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self._send_window += increment
-            if self._send_window > _MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
-            self._flush_blocked()
-            return
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            return
-        if not increment:
-            self._reset(stream, PROTOCOL_ERROR)
-            return
-        stream.send_window += increment
-        if stream.send_window > _MAX_WINDOW:
-            self._reset(stream, FLOW_CONTROL_ERROR)
-            return
-        if stream.pending or stream.trailers is not None:
-            self._flush(stream)
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        self._idle_frame("PRIORITY frames")
+        if len(payload) != 5:
+            raise _StreamError(stream_id, ErrorCode.FRAME_SIZE_ERROR)
+
+    def _idle_frame(self, what: str) -> None:
+        self._spend(self._idle_frames, what)
+
+    def _spend(self, allowance: Allowance, what: str) -> None:
+        if not allowance.spend(self._calls.now):
+            raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"too many {what}")
 
     # -- frames out ----------------------------------------------------------------------
 
@@ -559,22 +643,22 @@ class GrpcConnection(asyncio.Protocol):
 
     def respond(self, stream: GrpcStream, message: bytes) -> None:
         """Answer a call with one message and status OK: one write when the message fits
-        the windows and a frame, as an infer answer usually does."""
-        if stream.finished:
+        the windows and one of the client's frames, as an infer answer usually does."""
+        if stream.state is StreamState.CLOSED:
             return
         self._last_ping_received = None  # HEADERS and DATA go out: pings are welcome again
         self._ping_strikes = 0
         size = len(message) + 5
         if (
-            not stream.head_sent and not stream.pending and size <= self._peer_max_frame
+            stream.phase is ResponsePhase.NOTHING_SENT and size <= self._peer_max_frame
             and size <= stream.send_window and size <= self._send_window
         ):
             self._send_window -= size
             stream_id = stream.id
             self._write(b"".join((
-                _frame(_HEADERS, _END_HEADERS, stream_id, _RESPONSE_HEAD),
-                _FRAME.pack(0, size, _DATA, 0, stream_id), _MESSAGE.pack(0, size - 5), message,
-                _frame(_HEADERS, _END_HEADERS | _END_STREAM, stream_id, _TRAILERS_OK),
+                frame(FrameType.HEADERS, _END_HEADERS, stream_id, RESPONSE_HEAD),
+                data_frame_header(size, stream_id), MESSAGE_PREFIX.pack(0, size - 5), message,
+                frame(FrameType.HEADERS, _END_HEADERS | _END_STREAM, stream_id, TRAILERS_OK),
             )))
             self._close_stream(stream)
             return
@@ -583,34 +667,35 @@ class GrpcConnection(asyncio.Protocol):
 
     def send_message(self, stream: GrpcStream, message: bytes) -> None:
         """Queue one response message (sent as the client's window allows)."""
-        if stream.finished:
+        if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
             return
         self._last_ping_received = None
         self._ping_strikes = 0
-        if not stream.head_sent:
-            stream.head_sent = True
-            self._write(_frame(_HEADERS, _END_HEADERS, stream.id, _RESPONSE_HEAD))
-        stream.pending.append(memoryview(_MESSAGE.pack(0, len(message)) + message))
+        if stream.phase is ResponsePhase.NOTHING_SENT:
+            stream.phase = ResponsePhase.HEADERS_SENT
+            self._write(frame(FrameType.HEADERS, _END_HEADERS, stream.id, RESPONSE_HEAD))
+        stream.pending.append(memoryview(MESSAGE_PREFIX.pack(0, len(message)) + message))
         stream.pending_bytes += len(message) + 5
         self._flush(stream)
 
     def finish(self, stream: GrpcStream, status: int, message: str) -> None:
         """End the call with its status (after the messages queued before it)."""
-        if stream.finished or stream.trailers is not None:
+        if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
             return
-        block = _literal(b"grpc-status", str(status).encode())
+        block = literal(b"grpc-status", str(status).encode())
         if message:
-            block += _literal(b"grpc-message", _percent_encoded(message))
-        if not stream.head_sent:  # trailers-only
-            stream.head_sent = True
-            block = _RESPONSE_HEAD + block
+            block += literal(b"grpc-message", percent_encoded(message))
+        if stream.phase is ResponsePhase.NOTHING_SENT:  # trailers-only
+            block = RESPONSE_HEAD + block
+        stream.phase = ResponsePhase.TRAILERS_QUEUED
         stream.trailers = block
         self._flush(stream)
 
     async def writable(self, stream: GrpcStream) -> None:
-        """Wait while the stream holds more than STREAM_HIGH_WATER bytes the client has not
-        let it send (a streaming writer's back-pressure)."""
-        while stream.pending_bytes > STREAM_HIGH_WATER and not stream.finished:
+        """Wait while the stream holds more than its high-water mark of bytes the client
+        has not let it send (a streaming writer's back-pressure)."""
+        high_water = self._limits.stream_high_water
+        while stream.pending_bytes > high_water and stream.state is not StreamState.CLOSED:
             if stream.drained is None:
                 stream.drained = asyncio.Event()
             stream.drained.clear()
@@ -627,7 +712,7 @@ class GrpcConnection(asyncio.Protocol):
                 return
             chunk = pending[0]
             size = min(allowed, len(chunk))
-            write(_FRAME.pack(size >> 16, size & 0xFFFF, _DATA, 0, stream.id) + chunk[:size])
+            write(data_frame_header(size, stream.id) + chunk[:size])
             if size == len(chunk):
                 pending.popleft()
             else:
@@ -651,29 +736,44 @@ class GrpcConnection(asyncio.Protocol):
     def _write_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         max_frame = self._peer_max_frame
         if len(block) <= max_frame:
-            self._write(_frame(_HEADERS, flags | _END_HEADERS, stream_id, block))
+            self._write(frame(FrameType.HEADERS, flags | _END_HEADERS, stream_id, block))
             return
-        parts = [_frame(_HEADERS, flags, stream_id, block[:max_frame])]
+        parts = [frame(FrameType.HEADERS, flags, stream_id, block[:max_frame])]
         for offset in range(max_frame, len(block), max_frame):
             last = offset + max_frame >= len(block)
-            parts.append(_frame(_CONTINUATION, _END_HEADERS if last else 0, stream_id, block[offset:offset + max_frame]))
+            parts.append(frame(_CONTINUATION, _END_HEADERS if last else 0, stream_id, block[offset:offset + max_frame]))
         self._write(b"".join(parts))
+
+    # -- streams ending ------------------------------------------------------------------
+
+    def _forget(self, stream: GrpcStream) -> None:
+        """The stream is closed: its budget goes back, its writer wakes."""
+        stream.state = StreamState.CLOSED
+        self._blocked.pop(stream.id, None)
+        if stream.held:
+            self._calls.budget.held -= stream.held
+            stream.held = 0
+        stream.inbox = bytearray()
+        if stream.drained is not None:
+            stream.drained.set()
 
     def _close_stream(self, stream: GrpcStream) -> None:
         """Our side is done: forget the stream (a client still sending is told to stop)."""
-        stream.finished = True
+        client_done = stream.state is StreamState.HALF_CLOSED_REMOTE
+        self._forget(stream)
         self.streams.pop(stream.id, None)
-        if not stream.remote_closed:
-            self._write(_frame(_RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
-        if self._going_away and not self.streams:
+        if not client_done:
+            self._write(frame(FrameType.RST_STREAM, 0, stream.id, U32.pack(ErrorCode.NO_ERROR)))
+        if self.state is ConnectionState.DRAINING and not self.streams:
             self.close()
 
-    def _reset(self, stream: GrpcStream, code: int) -> None:
-        self.streams.pop(stream.id, None)
-        self._blocked.pop(stream.id, None)
-        stream.finished = True
-        self._write(_frame(_RST_STREAM, 0, stream.id, _U32.pack(code)))
-        self._calls.reset(self, stream)
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM ``code``; the stream's call, if any, is reset."""
+        stream = self.streams.pop(stream_id, None)
+        self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(code)))
+        if stream is not None:
+            self._forget(stream)
+            self._calls.reset(self, stream)
 
     def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
         """A stream the transport cannot go on with: the call is cancelled, the client gets
@@ -683,41 +783,86 @@ class GrpcConnection(asyncio.Protocol):
         stream.pending_bytes = 0
         self.finish(stream, status, message)
 
+    def _tell(self, method: Callable[..., None], stream: GrpcStream, *args: Any) -> None:
+        """Tell the calls about ``stream``: an exception fails that call alone."""
+        try:
+            method(self, stream, *args)
+        except Exception as exc:  # a bug: the call fails, the connection goes on
+            _log.exception("gRPC: a call on stream %d failed", stream.id)
+            if stream.state is not StreamState.CLOSED:
+                self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
+
     # -- the connection ------------------------------------------------------------------
+
+    def _hold_reading(self, why: str) -> None:
+        if not self._read_holds and not self.gone:
+            self._transport.pause_reading()
+        self._read_holds.add(why)
+
+    def _release_reading(self, why: str) -> None:
+        self._read_holds.discard(why)
+        if not self._read_holds and not self.gone:
+            self._transport.resume_reading()
+
+    def tick(self, now: float) -> None:
+        """The server's sweep: close a connection that has not finished its handshake, or
+        whose client stopped reading, in time; tell an idle one GOAWAY."""
+        limits = self._limits
+        if self.state in (ConnectionState.PREFACE, ConnectionState.SETTINGS):
+            if now - self.opened_at >= limits.handshake_timeout:
+                _log.debug("gRPC: closing a connection that did not complete its handshake")
+                self._fail(ErrorCode.SETTINGS_TIMEOUT, f"no preface and SETTINGS within {limits.handshake_timeout:g} s")
+        elif self._stalled_since is not None and now - self._stalled_since >= limits.write_stall_timeout:
+            _log.info("gRPC: closing a connection whose client stopped reading")
+            self.close()
+        elif not self.streams and now - self.last_heard >= limits.idle_timeout and self.state is ConnectionState.OPEN:
+            self.go_away()
 
     def ping(self, now: float) -> None:
         """A keep-alive PING (its ACK clears ``ping_sent_at``)."""
         self.ping_sent_at = now
-        self._write(_frame(_PING, 0, 0, b"nereid\x00\x00"))
+        self._write(frame(FrameType.PING, 0, 0, b"nereid\x00\x00"))
 
     def go_away(self) -> None:
-        """No new calls (shutdown); the connection closes once its calls are done."""
-        if self.gone or self._going_away:
+        """No new calls (shutdown, idle); the connection closes once its calls are done."""
+        if self.state in (ConnectionState.CLOSED, ConnectionState.DRAINING):
             return
-        self._going_away = True
-        self._write(_frame(_GOAWAY, 0, 0, _U32.pack(self._last_stream_id) + _U32.pack(NO_ERROR)))
+        self.state = ConnectionState.DRAINING
+        self._write(frame(FrameType.GOAWAY, 0, 0, U32.pack(self._last_stream_id) + U32.pack(ErrorCode.NO_ERROR)))
         if not self.streams:
             self.close()
 
     def close(self) -> None:
         if not self.gone:
             self._send_out()
-            self.gone = True
+            self.state = ConnectionState.CLOSED
             self._transport.close()
 
     def _fail(self, code: int, reason: str) -> None:
         _log.debug("gRPC: closing a connection: %s", reason)
         if not self.gone:
-            self._write(
-                _frame(_GOAWAY, 0, 0, _U32.pack(self._last_stream_id) + _U32.pack(code) + reason.encode()[:200])
-            )
+            self._write(frame(
+                FrameType.GOAWAY, 0, 0, U32.pack(self._last_stream_id) + U32.pack(code) + reason.encode()[:200]
+            ))
         self.close()
+
+
+def _inflate(encoding: str | None, message: bytes, limit: int) -> bytes | BaseException:
+    """``message`` inflated (at most ``limit`` bytes), or the error to answer with."""
+    inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(message, limit + 1)
+    except zlib.error as exc:
+        return ValueError(f"cannot inflate the {encoding} message: {exc}")
+    if len(out) > limit or inflater.unconsumed_tail:
+        return ValueError(f"Received message larger than max (inflated past {limit})")
+    return out
 
 
 def _unpad(payload: bytes) -> bytes:
     if not payload:
-        raise _ConnectionError(PROTOCOL_ERROR, "padded frame without its pad length")
+        raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "padded frame without its pad length")
     pad = payload[0]
     if pad >= len(payload):
-        raise _ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+        raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "padding longer than the frame")
     return payload[1:len(payload) - pad]

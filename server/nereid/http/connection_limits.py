@@ -13,7 +13,7 @@ Owns the limits and timeouts a ``native_connection.Connection`` enforces, their 
   ``max_body_bytes_in_flight`` bytes of request bodies received and not yet answered
   over all connections (503 for a new large request past it; small ones always pass).
 
-``BodyBudget`` is that last one's account. Time is the NativeServer's coarse clock
+``RequestBudget`` (``nereid.request_budget``, shared with gRPC) is that last one's account. Time is the NativeServer's coarse clock
 (``NativeServer.now``, moved by its sweep), so the hot path reads an attribute instead
 of calling the clock.
 """
@@ -23,12 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nereid.options import ServerOptions
+from nereid.request_budget import SMALL_REQUEST, RequestBudget
 
 __all__ = ["ConnectionLimits", "BodyBudget", "SMALL_BODY"]
 
-#: Bodies up to this size are never refused by the server-wide budget (health checks and
-#: ordinary infer requests keep working while large uploads wait their turn).
-SMALL_BODY = 64 * 1024
+#: Bodies up to this size are never refused by the server-wide budget (``RequestBudget``).
+SMALL_BODY = SMALL_REQUEST
+#: The server-wide budget (``nereid.request_budget``), shared with gRPC.
+BodyBudget = RequestBudget
 
 _DEFAULTS = ServerOptions()
 
@@ -90,17 +92,3 @@ class ConnectionLimits:
             f"server busy: {in_flight} bytes of request bodies in flight and this request brings {size} more, "
             f"past the limit of {self.max_body_bytes_in_flight} (--max-request-bytes-in-flight); retry later"
         )
-
-
-class BodyBudget:
-    """Bytes of request bodies held over all connections (received, not yet answered)."""
-
-    __slots__ = ("limit", "held")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def admits(self, size: int) -> bool:
-        """Whether a request bringing ``size`` more bytes may be read now."""
-        return size <= SMALL_BODY or self.held + size <= self.limit

@@ -26,9 +26,10 @@ from typing import Any, Callable
 
 from nereid.http.app import NereidApp
 from nereid.http.asgi_bridge import Lifespan
-from nereid.http.connection_limits import BodyBudget, ConnectionLimits
+from nereid.http.connection_limits import ConnectionLimits
 from nereid.http.native_connection import Connection
 from nereid.http.native_response import encode_repeat_head
+from nereid.request_budget import RequestBudget
 
 __all__ = ["NativeServer", "ShortcutCounters"]
 
@@ -58,16 +59,18 @@ class NativeServer:
     taking connections, lets requests in flight finish (``graceful_timeout`` seconds at
     most), closes every connection and runs the app's lifespan shutdown.
     ``match_repeats=False`` sends every request through the parser (no RepeatMatcher).
-    ``limits`` are what each client may hold (connection_limits); ``clock`` is read once
+    ``limits`` are what each client may hold (connection_limits), ``budget`` the server-wide
+    request bytes (shared with gRPC); ``clock`` is read once
     per sweep into ``now``, the time the connections' timers use."""
 
     def __init__(
         self, app: NereidApp, *, limits: ConnectionLimits | None = None, graceful_timeout: float,
-        match_repeats: bool = True, clock: Callable[[], float] = time.monotonic,
+        match_repeats: bool = True, clock: Callable[[], float] = time.monotonic, budget: RequestBudget | None = None,
     ) -> None:
         self.app = app
         self.limits = limits if limits is not None else ConnectionLimits()
-        self.body_budget = BodyBudget(self.limits.max_body_bytes_in_flight)
+        #: request bytes held, shared with the server's gRPC engine when it passes its own
+        self.body_budget = budget if budget is not None else RequestBudget(self.limits.max_body_bytes_in_flight)
         self.clock = clock
         #: the coarse time of the connections' timers (set by ``sweep``)
         self.now = clock()
