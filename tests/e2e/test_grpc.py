@@ -99,6 +99,27 @@ class Model:
         return {"OUTPUT0": inputs["INPUT0"]}
 """
 
+FILL = """
+max_batch_size = 0
+[[input]]
+name = "SIZE"
+data_type = "TYPE_INT64"
+dims = [1]
+[[output]]
+name = "BYTES"
+data_type = "TYPE_UINT8"
+dims = [-1]
+"""
+
+FILL_MODEL = """
+import numpy as np
+
+
+class Model:
+    def infer(self, inputs):
+        return {"BYTES": (np.arange(int(inputs["SIZE"][0]), dtype=np.int64) % 251).astype(np.uint8)}
+"""
+
 #: Both gRPC engines answer the whole suite: nereid's own transport and grpcio's server.
 ENGINES = ["native", "grpcio"]
 
@@ -110,6 +131,7 @@ def grpc_server(repo: RepoBuilder, tmp_path: Path, request: pytest.FixtureReques
     repo.add("failing", CONFIG, model=FAILING)
     repo.add("steps", STEPS, model=STEPS_MODEL)
     repo.add("slow", CONFIG, model=SLOW)
+    repo.add("fill", FILL, model=FILL_MODEL)
     grpc_port = free_port()
     server = start_server(repo.root, "--grpc-port", str(grpc_port), "--model-control-mode", "explicit",
                           "--load-model", "*", "--grpc-server", request.param, log_dir=tmp_path)
@@ -445,3 +467,26 @@ def test_an_unknown_method_is_unimplemented(grpc_server: RunningServer) -> None:
                 channel.unary_unary(path)(b"")
             assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, path
     assert _client(grpc_server).is_server_live()
+
+
+SIZES = [64 << 10, (64 << 10) + 1, 1 << 20, 64 << 20]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["64KiB", "64KiB+1", "1MiB", "64MiB"])
+def test_answers_larger_than_one_frame_reach_the_stock_client(grpc_server: RunningServer, size: int) -> None:
+    """grpc-core clients allow frames up to 16 MiB: answers past 64 KiB must be framed for them
+    (they once hung to the deadline), unary and streaming."""
+    expected = (np.arange(size, dtype=np.int64) % 251).astype(np.uint8)
+    client = _client(grpc_server)
+    answer = client.infer("fill", [_input("SIZE", np.array([size], np.int64), "INT64")], client_timeout=60)
+    np.testing.assert_array_equal(answer.as_numpy("BYTES"), expected)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    for _ in range(2):
+        client.async_stream_infer("fill", [_input("SIZE", np.array([size], np.int64), "INT64")])
+    for _ in range(2):
+        result, error = results.get(timeout=60)
+        assert error is None
+        np.testing.assert_array_equal(result.as_numpy("BYTES"), expected)
+    client.stop_stream()
+    client.close()

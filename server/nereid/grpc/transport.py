@@ -37,7 +37,7 @@ from nereid.grpc.frames import (
 from nereid.grpc.headers import CompressionFailure, HeaderBlocks, MalformedHeaders
 from nereid.grpc.limits import Allowance, TransportLimits
 from nereid.grpc.stream import GrpcStream, ResponsePhase, StreamState
-from nereid.request_budget import RequestBudget
+from nereid.request_budget import SMALL_REQUEST, RequestBudget
 
 __all__ = ["Calls", "ConnectionState", "GrpcConnection", "GrpcStream", "PingPolicy", "Status", "MAX_CONCURRENT_STREAMS",
            "STREAM_HIGH_WATER", "INLINE_INFLATE"]
@@ -178,9 +178,10 @@ class GrpcConnection(asyncio.Protocol):
             (Setting.ENABLE_PUSH, 0), (Setting.MAX_CONCURRENT_STREAMS, limits.max_streams),
             (Setting.INITIAL_WINDOW_SIZE, limits.stream_window), (Setting.MAX_HEADER_LIST_SIZE, limits.max_header_list),
         ))
+        extra_window = limits.connection_window - DEFAULT_WINDOW
         transport.write(
             frame(FrameType.SETTINGS, 0, 0, settings)
-            + frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(limits.connection_window - DEFAULT_WINDOW))
+            + (frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(extra_window)) if extra_window > 0 else b"")
         )
         if self._refusal is not None:
             self._fail(ErrorCode.ENHANCE_YOUR_CALM, self._refusal)
@@ -270,28 +271,24 @@ class GrpcConnection(asyncio.Protocol):
         if size > self._recv_window:
             raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA past the connection's window")
         self._recv_window -= size
-        self._recv_unacked += size
-        if self._recv_unacked >= self._limits.connection_window // 2:
-            self._write(frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(self._recv_unacked)))
-            self._recv_window += self._recv_unacked
-            self._recv_unacked = 0
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self._last_stream_id:
                 raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             if not size:
                 self._idle_frame("empty frames")
+            self._give_connection_window(size)
             return  # a stream nereid already closed: its late data is dropped
-        if stream.state is not StreamState.OPEN:
-            raise _StreamError(stream_id, ErrorCode.STREAM_CLOSED)
-        if size > stream.recv_window:
-            raise _StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR)
+        if stream.state is not StreamState.OPEN or size > stream.recv_window:
+            self._give_connection_window(size)
+            code = ErrorCode.STREAM_CLOSED if stream.state is not StreamState.OPEN else ErrorCode.FLOW_CONTROL_ERROR
+            raise _StreamError(stream_id, code)
         stream.recv_window -= size
+        stream.unacked += size
         if flags & _PADDED:
             payload = _unpad(payload)
         ended = bool(flags & _END_STREAM)
         if payload:
-            stream.unacked += size
             inbox = stream.inbox
             if not inbox:  # the usual case: whole messages in one frame
                 taken = self._messages(stream, payload)
@@ -339,7 +336,7 @@ class GrpcConnection(asyncio.Protocol):
             if not compressed:
                 self._deliver(stream, message)
             elif size <= INLINE_INFLATE:
-                self._inflated(stream, _inflate(stream.inflate, message, self._calls.max_message_size))
+                self._inflated(stream, _inflate(stream.inflate, message, self._inflate_cap()))
             else:
                 self._inflate_off_loop(stream, message)
                 return position
@@ -373,7 +370,9 @@ class GrpcConnection(asyncio.Protocol):
     def _inflated(self, stream: GrpcStream, result: bytes | BaseException) -> None:
         if stream.state is StreamState.CLOSED:
             return
-        if isinstance(result, BaseException):
+        if isinstance(result, _TooLarge):
+            self._calls_error(stream, Status.RESOURCE_EXHAUSTED, str(result))
+        elif isinstance(result, BaseException):
             self._calls_error(stream, Status.INTERNAL, str(result))
         elif self._charge(stream, len(result)):
             self._deliver(stream, result)
@@ -383,8 +382,18 @@ class GrpcConnection(asyncio.Protocol):
         stream's next messages, and the frames after, keep their order)."""
         self._inflating = (stream, False)
         self._hold_reading("inflating")
-        encoding, limit = stream.inflate, self._calls.max_message_size
-        self._calls.offload(lambda: _inflate(encoding, message, limit), self._inflate_done)
+        encoding, cap = stream.inflate, self._inflate_cap()
+        self._calls.offload(lambda: _inflate(encoding, message, cap), self._inflate_done)
+
+    def _inflate_cap(self) -> tuple[int, str]:
+        """How far a message may inflate, and the flag that says so: the message size
+        limit, or what the server's budget admits now."""
+        limit = self._calls.max_message_size
+        budget = self._calls.budget
+        room = max(SMALL_REQUEST, budget.limit - budget.held)
+        if room < limit:
+            return room, "--max-request-bytes-in-flight"
+        return limit, "--grpc-max-message-size"
 
     def _inflate_done(self, result: bytes | BaseException) -> None:
         suspended = self._inflating
@@ -423,7 +432,17 @@ class GrpcConnection(asyncio.Protocol):
         if stream.unacked >= self._limits.stream_window // 2 and stream.backlog < self._limits.stream_backlog:
             self._write(frame(FrameType.WINDOW_UPDATE, 0, stream.id, U32.pack(stream.unacked)))
             stream.recv_window += stream.unacked
+            self._give_connection_window(stream.unacked)
             stream.unacked = 0
+
+    def _give_connection_window(self, size: int) -> None:
+        """Bytes taken (or dropped) give the connection's window back, once half is used:
+        bytes a stream still holds keep the connection's window too."""
+        self._recv_unacked += size
+        if self._recv_unacked >= self._limits.connection_window // 2:
+            self._write(frame(FrameType.WINDOW_UPDATE, 0, 0, U32.pack(self._recv_unacked)))
+            self._recv_window += self._recv_unacked
+            self._recv_unacked = 0
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not stream_id or not stream_id & 1:
@@ -750,6 +769,9 @@ class GrpcConnection(asyncio.Protocol):
         """The stream is closed: its budget goes back, its writer wakes."""
         stream.state = StreamState.CLOSED
         self._blocked.pop(stream.id, None)
+        if stream.unacked and not self.gone:
+            self._give_connection_window(stream.unacked)
+            stream.unacked = 0
         if stream.held:
             self._calls.budget.held -= stream.held
             stream.held = 0
@@ -847,15 +869,20 @@ class GrpcConnection(asyncio.Protocol):
         self.close()
 
 
-def _inflate(encoding: str | None, message: bytes, limit: int) -> bytes | BaseException:
-    """``message`` inflated (at most ``limit`` bytes), or the error to answer with."""
+class _TooLarge(ValueError):
+    """A compressed message inflates past what may be held (RESOURCE_EXHAUSTED)."""
+
+
+def _inflate(encoding: str | None, message: bytes, cap: tuple[int, str]) -> bytes | BaseException:
+    """``message`` inflated (at most ``cap``'s bytes), or the error to answer with."""
+    limit, flag = cap
     inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
     try:
         out = inflater.decompress(message, limit + 1)
     except zlib.error as exc:
         return ValueError(f"cannot inflate the {encoding} message: {exc}")
     if len(out) > limit or inflater.unconsumed_tail:
-        return ValueError(f"Received message larger than max (inflated past {limit})")
+        return _TooLarge(f"Received message larger than max (inflated past {limit} bytes, {flag})")
     return out
 
 
