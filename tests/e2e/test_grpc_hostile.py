@@ -174,3 +174,48 @@ def test_headers_and_reset_in_one_read_leave_no_coroutine_behind(repo: RepoBuild
     finally:
         server.stop()
     assert "never awaited" not in server.log()
+
+
+def test_a_stream_that_never_reads_its_answers_stops_being_read(repo: RepoBuilder, tmp_path: Path) -> None:
+    """ModelStreamInfer from a client that never reads: answers wait for its window, the
+    requests read ahead of them are bounded, then its window is no longer given back, so
+    it cannot make the server hold more and more; other clients are served meanwhile."""
+    repo.add("identity", CONFIG)
+    server = start_server(repo.root, "--grpc-port", str(free_port()), log_dir=tmp_path)
+    try:
+        attacker = Attacker(int(server.grpc_url.rsplit(":", 1)[1]))
+        block = hpack.Encoder().encode([(b":method", b"POST"), (b":scheme", b"http"),
+                                        (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+                                        (b":authority", b"x"), (b"content-type", b"application/grpc")])
+        message = infer_message()
+        attacker.send(frame(HEADERS, 4, 1, block))
+        chunk = frame(DATA, 0, 1, message * (16000 // len(message)))
+        granted, sent, buffer = 4 << 20, 0, b""  # the server's SETTINGS: a 4 MiB stream window
+        attacker.sock.settimeout(3.0)
+        while sent < 32 << 20:  # a client that honours its window, and never gives the server one
+            if sent + len(chunk) - 9 <= granted:
+                attacker.sock.sendall(chunk)
+                sent += len(chunk) - 9
+                continue
+            try:  # wait for the server to give window back (reading, never acknowledging)
+                data = attacker.sock.recv(1 << 16)
+            except socket.timeout:
+                break  # none came: the server stopped taking this stream's requests
+            buffer += data
+            while len(buffer) >= 9:
+                high, low, kind, _, stream_id = struct.unpack_from(">BHBBL", buffer)
+                size = high << 16 | low
+                if len(buffer) < 9 + size:
+                    break
+                if kind == 8 and stream_id == 1:  # WINDOW_UPDATE
+                    granted += struct.unpack_from(">L", buffer, 9)[0]
+                buffer = buffer[9 + size:]
+        assert sent < 16 << 20
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("identity", [tensor], client_timeout=30).as_numpy("OUTPUT0") is not None
+        client.close()
+        attacker.close()
+    finally:
+        server.stop()

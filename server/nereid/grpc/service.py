@@ -41,6 +41,9 @@ _log = logging.getLogger("nereid")
 #: How ``start_infer`` answers: (the ModelInferResponse, None) or (None, the error).
 OnResponse = Callable[[Any, "BaseException | None"], None]
 
+#: Requests of one ModelStreamInfer stream started ahead of the answer being written.
+STREAM_READ_AHEAD = 256
+
 
 class CallAborted(Exception):
     """What ``AbortContext.abort`` raises: the call ends with ``code`` (a grpc.StatusCode)
@@ -234,10 +237,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         client that goes away cancels what it had in flight."""
         answers: asyncio.Queue[AsyncIterator[Any] | None] = asyncio.Queue()
         started: list[asyncio.Task[Any]] = []
+        # requests read ahead of their answers: a client that does not read its answers
+        # stops being read (the transport then stops giving it window)
+        unanswered = asyncio.Semaphore(STREAM_READ_AHEAD)
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    await unanswered.acquire()
                     answers.put_nowait(self._stream_answers(request, time.monotonic_ns(), started))
             finally:
                 answers.put_nowait(None)
@@ -247,6 +254,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             while (slot := await answers.get()) is not None:
                 async for response in slot:
                     yield response
+                unanswered.release()
         finally:
             reader.cancel()
             for task in started:
