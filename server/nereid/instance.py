@@ -201,6 +201,13 @@ class ModelInstance:
         return self._model
 
     @property
+    def queues_batches(self) -> bool:
+        """Whether a batch may be handed over while another runs (it waits for a free
+        thread and starts the moment one is): a synchronous ``infer`` runs on the
+        instance's threads; an ``async def infer`` runs on the loop, where it would not wait."""
+        return not self.model_class.infer_is_async
+
+    @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
         """The model's ``batch_size(inputs)`` method, when it defines one."""
         return self._cost
