@@ -279,8 +279,11 @@ def _instance_groups(root: Table, model_name: str) -> tuple[InstanceGroup, ...]:
 
 
 def _isolation(table: Table) -> str:
-    """``"thread"`` or ``"process"``; case does not matter, as for the enums."""
-    value = table.raw("isolation") if table.has("isolation") else "thread"
+    """``"thread"`` or ``"process"``; case does not matter, as for the enums. Not set:
+    ``""`` (decided by the kind at load: devices.resolve_instance_groups)."""
+    if not table.has("isolation"):
+        return ""
+    value = table.raw("isolation")
     if isinstance(value, str) and value.lower() in _ISOLATIONS:
         return value.lower()
     table.fail("isolation", '"thread" or "process"', value)

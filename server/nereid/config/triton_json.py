@@ -222,7 +222,8 @@ def _parameters(config: ModelConfig) -> dict[str, object]:
         if tensor.pad_value is not None:
             values[PAD_VALUE_PREFIX + tensor.name] = str(tensor.pad_value)
     for group in config.instance_group:
-        if group.isolation != "thread":
+        # as set: not set ("") is left out (its default depends on the device)
+        if group.isolation:
             values[isolation_parameter(group.name)] = group.isolation
     if config.execution_timeout_ms:
         values[EXECUTION_TIMEOUT_MS] = str(config.execution_timeout_ms)
