@@ -233,6 +233,13 @@ def test_isolation_and_execution_timeout_travel_as_string_parameters() -> None:
     assert from_json(rendered).parameters == {"tokenizer": "bert-base"}
 
 
+def test_input_tensors_travel_as_a_parameter_and_come_back() -> None:
+    config = minimal(input_tensors="torch")
+    rendered = as_json(config)
+    assert rendered["parameters"] == {"input_tensors": {"string_value": "torch"}}
+    assert from_json(json.loads(json.dumps(rendered))).input_tensors == "torch"
+
+
 def test_unset_isolation_and_no_execution_timeout_are_not_rendered() -> None:
     config = minimal(instance_group=(InstanceGroup("add_one"),))
     assert as_json(config)["parameters"] == {}

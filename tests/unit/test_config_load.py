@@ -349,6 +349,11 @@ def test_isolation_is_per_group_and_not_set_by_default(repository: Path) -> None
     )
 
 
+@pytest.mark.parametrize(("text", "expected"), [("", "numpy"), ('input_tensors = "TORCH"', "torch")])
+def test_input_tensors_defaults_to_numpy_and_takes_torch(repository: Path, text: str, expected: str) -> None:
+    assert load(repository, text).input_tensors == expected
+
+
 @pytest.mark.parametrize("timeout", [0, 1, 250, 3_600_000])
 def test_execution_timeout_ms_is_read_at_the_top_level(repository: Path, timeout: int) -> None:
     assert load(repository, f"execution_timeout_ms = {timeout}\n").execution_timeout_ms == timeout
@@ -852,6 +857,11 @@ REJECTED = [
         '[[instance_group]]\nisolaton = "process"',
         'instance_group[0]: unknown key "isolaton" (did you mean "isolation"?)',
         id="isolation-misspelt",
+    ),
+    pytest.param(
+        'input_tensors = "jax"',
+        'input_tensors: expected "numpy" or "torch", got "jax"',
+        id="input-tensors-unknown",
     ),
     pytest.param(
         '[[instance_group]]\nname = "g"\n[[instance_group]]\nname = "g"\nisolation = "process"',

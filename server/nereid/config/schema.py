@@ -156,6 +156,9 @@ class ModelConfig:
     model_warmup: tuple[ModelWarmup, ...] = ()
     #: nereid extension: a batch running longer fails its requests; 0 = no limit.
     execution_timeout_ms: int = 0
+    #: nereid extension: how ``infer`` gets its inputs: ``"numpy"`` arrays, or ``"torch"``
+    #: tensors already on the instance's device (device_tensors.py).
+    input_tensors: str = "numpy"
 
     @property
     def decoupled(self) -> bool:
