@@ -111,6 +111,9 @@ def outputs_to_host(raw: Any) -> Any:
 
     from nereid.batch_arrays import tensor_to_numpy
 
+    # widest elements first: every tensor then starts at a multiple of its element size
+    # (a byte view is read back as its dtype only from such an offset)
+    on_gpu.sort(key=lambda name: -raw[name].element_size())
     tensors = [raw[name].detach().contiguous() for name in on_gpu]
     flat = torch.cat([tensor.reshape(-1).view(torch.uint8) for tensor in tensors]).cpu()
     converted = dict(raw)
