@@ -115,6 +115,8 @@ class Server:
     """A server process in its own process group, serving the identity model over HTTP."""
 
     name = "server"
+    #: the model perf_analyzer loads and whose statistics are read
+    model = MODEL
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
@@ -221,7 +223,7 @@ class Server:
 
     def success_count(self) -> float:
         """The model's successful inferences so far, from the statistics extension."""
-        url = f"http://{self.url}/v2/models/{MODEL}/stats"
+        url = f"http://{self.url}/v2/models/{self.model}/stats"
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 body = json.load(r)
@@ -406,7 +408,7 @@ def run_perf_analyzer(
     csv_path = work / f"{stem}.csv"
     cmd = [
         str(args.perf_analyzer),
-        "-m", MODEL,
+        "-m", server.model,
         "-u", server.grpc_url if args.protocol == "grpc" else server.url,
         "-i", args.protocol,
         "-b", "1",

@@ -118,9 +118,11 @@ def model_statistics(manager: ModelManager, name: str | None, version: str | int
 
 
 def _stats(serving: ServingModel) -> dict[str, Any]:
-    """A version's entry of Triton's statistics; a model with process instances also
-    says how often they were restarted (``instance_restarts``, nereid's)."""
+    """A version's entry of Triton's statistics, with nereid's ``scheduling`` figures
+    (where the time between batches goes); a model with process instances also says how
+    often they were restarted (``instance_restarts``, nereid's)."""
     entry = serving.stats.snapshot()
+    entry["scheduling"] = serving.stats.scheduling_json()
     if serving.has_process_instances:
         entry["instance_restarts"] = serving.restarts
     return entry

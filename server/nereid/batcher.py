@@ -63,6 +63,16 @@ class Instance(Protocol):
     async def run_batch(self, requests: Sequence[Any], /) -> Outcome: ...
 
 
+@dataclass(slots=True)
+class _Running:
+    """A batch handed to an instance: its task (``_run``) and when it could start (now,
+    or once the batch before it on its slot returned: ``started`` is moved then)."""
+
+    batch: tuple[Pending, ...]
+    task: asyncio.Task[Outcome | None]
+    started: int
+
+
 @dataclass(frozen=True, slots=True)
 class _Failed:
     """The Outcome of a batch whose instance raised instead of reporting one."""
@@ -120,6 +130,8 @@ class DynamicBatcher:
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
         self._executing = 0
+        self._idle = 0  # slots waiting in _next_batch
+        self._stagers: set[asyncio.Future[None]] = set()  # busy slots waiting for a full batch
         self._timer = clock.precise_timer(model_name)
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
@@ -239,6 +251,9 @@ class DynamicBatcher:
         if self._order is not None:
             self._order.track(pending)
         wake(self._arrival)
+        if self._stagers and queue.full:
+            for waiter in self._stagers:
+                wake(waiter)
         if deadline_ns:
             # Timeouts fire even while every instance is busy and nobody forms a batch.
             self._call_at(deadline_ns / 1e9, self._expire_timeouts)
@@ -247,13 +262,66 @@ class DynamicBatcher:
     # -- workers -----------------------------------------------------------------------
 
     async def _worker(self, instance: Instance) -> None:
+        """One slot of ``instance``: runs batch after batch, pipelined (see ``_Running``).
+
+        When a batch returns, the next one (if one is due) is formed and handed to the
+        instance before the returned one is answered, and its answers go out from the loop
+        afterwards: answering never delays the next batch. On an instance that queues
+        batches (``queues_batches``: it starts the next one itself the moment the current
+        one returns), a full batch is handed over already while the current one runs."""
+        if self.streaming:
+            await self._stream_worker(instance)
+            return
+        loop = asyncio.get_running_loop()
+        stage = bool(getattr(instance, "queues_batches", False)) and (
+            self._timeout_s is None or getattr(instance, "enforces_timeout", False))
+        current: _Running | None = None
+        following: _Running | None = None
+        try:
+            while True:
+                if current is None:
+                    batch = await self._next_batch()
+                    if batch is None:
+                        return
+                    current = self._launch(loop, instance, batch)
+                if stage:
+                    following = await self._staged(loop, instance, current)
+                outcome = await current.task
+                ended = self._clock()
+                if following is None:
+                    batch = self._take_now()
+                    if batch:
+                        following = self._launch(loop, instance, batch)
+                self._executing -= 1
+                self.stats.busy.add(ended - current.started)
+                if following is not None:
+                    # back to back: the following batch started once this one ended (staged),
+                    # or now; the instance stood idle in between
+                    following.started = max(following.started, ended)
+                    self.stats.idle_between.add(following.started - ended)
+                if outcome is not None and self._retries(outcome, current.batch):
+                    await self._rerun_each(instance, current.batch)
+                elif outcome is not None:
+                    loop.call_soon(self._answer, current.batch, current.started, outcome)
+                current, following = following, None
+        except asyncio.CancelledError:  # aclose gave up on them: their requests get an answer
+            for running in (current, following):
+                if running is not None:
+                    running.task.cancel()
+                    for pending in running.batch:
+                        self._fail(pending, UnavailableError(
+                            f"model '{self.model_name}' was unloaded while this request ran in it"))
+            raise
+
+    async def _stream_worker(self, instance: Instance) -> None:
+        """One slot of a decoupled model's instance: a batch at a time."""
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
             self._executing += 1
             try:
-                await self._execute(instance, batch)
+                await self._execute_stream(instance, batch)
             except asyncio.CancelledError:  # aclose gave up on it: its requests get an answer
                 for pending in batch:
                     self._fail(pending, UnavailableError(
@@ -262,79 +330,146 @@ class DynamicBatcher:
             finally:
                 self._executing -= 1
 
+    def _launch(self, loop: asyncio.AbstractEventLoop, instance: Instance, batch: tuple[Pending, ...]) -> _Running:
+        """Hand ``batch`` to ``instance`` (its task starts on the loop's next turn, before any
+        answer queued after it with call_soon)."""
+        self._executing += 1
+        return _Running(batch, loop.create_task(self._run(instance, batch)), self._clock())
+
+    async def _staged(self, loop: asyncio.AbstractEventLoop, instance: Instance, current: _Running) -> _Running | None:
+        """While ``current`` runs: the next batch, handed to the instance as soon as a full
+        one is queued (and no other slot is idle to take it); None if ``current`` returns
+        first."""
+        task = current.task
+        while not task.done() and not self._closed:
+            if self._idle == 0 and self._queue.full:
+                batch = self._take_now(only_full=True)
+                if batch:
+                    return self._launch(loop, instance, batch)
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._stagers.add(waiter)
+
+            def returned(_: object, waiter: asyncio.Future[None] = waiter) -> None:
+                wake(waiter)
+
+            task.add_done_callback(returned)
+            try:
+                await waiter
+            finally:
+                self._stagers.discard(waiter)
+                task.remove_done_callback(returned)
+        return None
+
+    def _take_now(self, only_full: bool = False) -> tuple[Pending, ...]:
+        """The batch due now (empty if none), requests whose timeout expired failed; the
+        time it took counts as ``batch_formation``."""
+        while True:
+            started = self._clock()
+            decision = self._queue.decide(started, flush=self._closed, only_full=only_full)
+            for item in decision.expired:
+                self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
+            live = tuple(item for item in decision.batch if not item.answer.done())
+            if live:
+                self.stats.formation.add(self._clock() - started)
+                return live
+            if not decision.batch:
+                return ()
+
     async def _next_batch(self) -> tuple[Pending, ...] | None:
         """The next batch for an idle slot; None once closed and the queue is empty."""
         loop = asyncio.get_running_loop()
-        async with self._form_lock:
-            while True:
-                closing = self._closed
-                decision = self._queue.decide(self._clock(), flush=closing)
-                for item in decision.expired:
-                    self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
-                live = tuple(item for item in decision.batch if not item.answer.done())
-                if live:
-                    return live
-                if decision.batch:
-                    continue
-                if closing and len(self._queue) == 0:
-                    wake(self._arrival)  # let the next idle slot see it too
-                    return None
-                arrival = self._arrival = loop.create_future()
-                timer = None
-                precise = False
-                wake_at = decision.wake_at_ns
-                if wake_at is not None:
-                    if wake_at - self._clock() < PRECISE_BELOW_NS:
-                        self._timer.wake_at(wake_at, arrival)
-                        precise = True
-                    else:
-                        timer = self._call_at(wake_at / 1e9, wake, arrival)
-                try:
-                    await arrival
-                finally:
-                    if timer is not None:
-                        timer.cancel()
-                    if precise:
-                        self._timer.cancel()
+        self._idle += 1
+        try:
+            async with self._form_lock:
+                while True:
+                    closing = self._closed
+                    started = self._clock()
+                    decision = self._queue.decide(started, flush=closing)
+                    for item in decision.expired:
+                        self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
+                    live = tuple(item for item in decision.batch if not item.answer.done())
+                    if live:
+                        self.stats.formation.add(self._clock() - started)
+                        return live
+                    if decision.batch:
+                        continue
+                    if closing and len(self._queue) == 0:
+                        wake(self._arrival)  # let the next idle slot see it too
+                        return None
+                    arrival = self._arrival = loop.create_future()
+                    timer = None
+                    precise = False
+                    wake_at = decision.wake_at_ns
+                    if wake_at is not None:
+                        if wake_at - self._clock() < PRECISE_BELOW_NS:
+                            self._timer.wake_at(wake_at, arrival)
+                            precise = True
+                        else:
+                            timer = self._call_at(wake_at / 1e9, wake, arrival)
+                    try:
+                        await arrival
+                    finally:
+                        if timer is not None:
+                            timer.cancel()
+                        if precise:
+                            self._timer.cancel()
+        finally:
+            self._idle -= 1
 
-    async def _execute(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
-        if self.streaming:
-            await self._execute_stream(instance, batch)
-            return
-        started = self._clock()
-        payloads = [pending.request for pending in batch]
-        outcome: Outcome | None
+    async def _run(self, instance: Instance, batch: tuple[Pending, ...]) -> Outcome | None:
+        """Run ``batch`` on ``instance``: its Outcome (what the instance raised, contained in
+        one), or None when it ran past the execution timeout (its requests are answered)."""
         try:
             if self._timeout_s is None or getattr(instance, "enforces_timeout", False):
-                outcome = await instance.run_batch(payloads)
-            else:
-                outcome = await self._run_timed(instance, batch, self._timeout_s)
-                if outcome is None:
-                    return  # timed out: its requests are answered already
+                return await instance.run_batch([pending.request for pending in batch])
+            return await self._run_timed(instance, batch, self._timeout_s)
         except BaseException as exc:  # the instance's to report, never to end this worker with
-            outcome = self._contained(instance, exc)
-        if outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError):
-            # Find the culprit: rerun one request at a time so only it fails.
-            for pending in batch:
-                if not pending.answer.done():
-                    await self._execute(instance, (pending,))
-                else:  # withdrawn while its batch ran (its client left): not rerun
-                    self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+            return self._contained(instance, exc)
+
+    @staticmethod
+    def _retries(outcome: Outcome, batch: tuple[Pending, ...]) -> bool:
+        """Whether a failed batch is rerun a request at a time to find the culprit."""
+        return outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError)
+
+    async def _execute(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
+        """Run ``batch`` and answer it, nothing pipelined (a failed batch's reruns)."""
+        started = self._clock()
+        outcome = await self._run(instance, batch)
+        if outcome is None:
             return
+        if self._retries(outcome, batch):
+            await self._rerun_each(instance, batch)
+        else:
+            self._answer(batch, started, outcome)
+
+    async def _rerun_each(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
+        """Find the culprit of a failed batch: rerun one request at a time so only it fails."""
+        for pending in batch:
+            if not pending.answer.done():
+                await self._execute(instance, (pending,))
+            else:  # withdrawn while its batch ran (its client left): not rerun
+                self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+
+    def _answer(self, batch: tuple[Pending, ...], started: int, outcome: Outcome) -> None:
+        """Answer a batch that began on its instance at ``started`` and returned (called
+        from the loop once the instance has its next batch); the time it takes counts as
+        ``batch_answer``."""
+        begun = self._clock()
         if outcome.error is not None:
             for pending in batch:
                 if pending.answer.done():  # withdrawn while it ran: it failed all the same
-                    self.stats.record_failure(self._clock() - pending.received_ns, "BACKEND")
+                    self.stats.record_failure(begun - pending.received_ns, "BACKEND")
                 else:
                     self._fail(pending, outcome.error, "BACKEND")
+            self.stats.answer.add(self._clock() - begun)
             return
         assert outcome.outputs is not None
         rows_of = self._rows_of
-        rows = sum(rows_of(payload) for payload in payloads)
+        rows = sum(rows_of(pending.request) for pending in batch)
         self.stats.record_execution(
             rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
         )
-        end = self._clock()
+        end = begun
         total_ns = 0
         queue_times: list[int] = []
         order = self._order  # None: answers go out at once, else they may have to wait
@@ -357,6 +492,7 @@ class DynamicBatcher:
         self.stats.record_successes(
             total_ns, queue_times, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
         )
+        self.stats.answer.add(self._clock() - begun)
 
     async def _execute_stream(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """One batch of a decoupled model: every step reaches each request still listening;

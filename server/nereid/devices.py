@@ -16,7 +16,7 @@ from pathlib import Path
 from nereid.config.schema import InstanceGroup, ModelConfig
 from nereid.errors import ModelLoadError
 
-__all__ = ["GpuInventory", "placements", "resolve_instance_groups"]
+__all__ = ["GpuInventory", "isolation_of", "placements", "resolve_instance_groups"]
 
 
 class GpuInventory:
@@ -78,6 +78,13 @@ def placements(config: ModelConfig) -> list[tuple[InstanceGroup, str]]:
         else:
             found.extend((group, "cpu") for _ in range(group.count))
     return found
+
+
+def isolation_of(group: InstanceGroup) -> str:
+    """How a resolved group's instances run: its ``isolation``, or when not set a process
+    on a GPU (the model's Python, torch's dispatch included, must not share a GIL with the
+    server's parsing and answering) and a thread on the CPU."""
+    return group.isolation or ("process" if group.kind == "KIND_GPU" else "thread")
 
 
 def _visible_gpus() -> int:

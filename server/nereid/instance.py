@@ -26,6 +26,7 @@ import numpy as np
 from nereid.batch_arrays import assemble, split, split_step
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
+from nereid.device_tensors import DeviceInputs, outputs_to_host
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.model_faults import MODEL_FAULTS, FaultLog
@@ -194,11 +195,20 @@ class ModelInstance:
         self._model: Any = None
         self._infer: Callable[..., Any] | None = None
         self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
+        #: ``input_tensors = "torch"``: moves each batch's inputs onto the device (start())
+        self.device_inputs: DeviceInputs | None = None
 
     @property
     def model(self) -> Any:
         """The user's Model object (None before ``start()``)."""
         return self._model
+
+    @property
+    def queues_batches(self) -> bool:
+        """Whether a batch may be handed over while another runs (it waits for a free
+        thread and starts the moment one is): a synchronous ``infer`` runs on the
+        instance's threads; an ``async def infer`` runs on the loop, where it would not wait."""
+        return not self.model_class.infer_is_async
 
     @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
@@ -221,6 +231,8 @@ class ModelInstance:
                 str(self.model_class.path),
             ) from exc
         self._infer = self._model.execute if self.model_class.triton else self._model.infer
+        if self.config.input_tensors == "torch" and not self.model_class.triton:
+            self.device_inputs = await self._threads.call(DeviceInputs, self.context.device)
         if self.model_class.has_batch_size:
             self._cost = self._batch_size
 
@@ -321,17 +333,24 @@ class ModelInstance:
             return ()
         return ([request.parameters for request in requests for _ in range(request.rows)],)
 
-    def _assemble(self, requests: Sequence[InferRequest], t0: int) -> dict[str, np.ndarray] | BatchOutcome:
-        """The batch's inputs, or the outcome that fails the batch (compute_input timed)."""
+    def _assemble(self, requests: Sequence[InferRequest], t0: int) -> dict[str, Any] | BatchOutcome:
+        """The batch's inputs (on the device with ``input_tensors = "torch"``), or the
+        outcome that fails the batch (compute_input timed)."""
         try:
-            return assemble(requests, self.config)
+            inputs = assemble(requests, self.config)
         except NereidError as exc:
             return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        if self.device_inputs is None:
+            return inputs
+        try:
+            return self.device_inputs(inputs)
+        except BaseException as exc:  # torch's (out of memory): fails the batch
+            return BatchOutcome(None, self._execution_error(exc), time.monotonic_ns() - t0, 0, 0)
 
     def _split(self, raw: Any, requests: Sequence[InferRequest], t0: int, t1: int, t2: int) -> BatchOutcome:
         """Each request's outputs from the model's return value, with the three durations."""
         try:
-            outputs = split(raw, requests, self.config, self.context.model_name)
+            outputs = split(outputs_to_host(raw), requests, self.config, self.context.model_name)
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
@@ -445,7 +464,9 @@ class ModelInstance:
     def _steps(self, requests: Sequence[InferRequest], step_method: str, must_be: str) -> Any:
         """The model's (async) generator for this batch: ``must_be`` (a TypeError) when
         what ``infer`` returned has no ``step_method``."""
-        inputs = assemble(requests, self.config)
+        inputs: dict[str, Any] = assemble(requests, self.config)
+        if self.device_inputs is not None:
+            inputs = self.device_inputs(inputs)
         assert self._infer is not None
         steps = self._infer(inputs, *self._parameters(requests))
         if not hasattr(steps, step_method):

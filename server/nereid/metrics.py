@@ -131,6 +131,8 @@ class ModelStatsCollector(Collector):
             for labels, r in labelled:
                 metric.add_metric([labels["model"], labels["version"]], *values_of(r))
             yield metric
+        for name, help_text, microseconds in _SCHEDULING:
+            yield _counter(name, help_text, ((labels, microseconds(r)) for labels, r in labelled))
         yield _counter(
             "nereid_instance_restarts",
             "Restarts of a model version's process instances (a crash, an exit, an execution timeout).",
@@ -167,6 +169,25 @@ _PER_MODEL: tuple[
      "Time successful requests waited in the queue, in microseconds.", _queue_times),
     (GaugeMetricFamily, "nereid_batches_executing",
      "Batches a model version's instances are executing now.", lambda r: (r.executing,)),
+)
+
+
+#: nereid's scheduling counters per model version (stats.ModelStats.scheduling_json):
+#: (name, help, microseconds for a ModelReading).
+_SCHEDULING: tuple[tuple[str, str, Callable[[ModelReading], float]], ...] = (
+    ("nereid_instance_busy_us",
+     "Cumulative time the model version's instances executed batches, in microseconds "
+     "(its rate: the share of wall time an instance is busy).",
+     lambda r: r.stats.busy.ns / 1000),
+    ("nereid_instance_idle_between_batches_us",
+     "Cumulative time instances stood idle between a batch and the next one, ready at once, in microseconds.",
+     lambda r: r.stats.idle_between.ns / 1000),
+    ("nereid_batch_formation_us",
+     "Cumulative event-loop time spent forming batches, in microseconds.",
+     lambda r: r.stats.formation.ns / 1000),
+    ("nereid_batch_answer_us",
+     "Cumulative event-loop time spent answering executed batches' requests, in microseconds.",
+     lambda r: r.stats.answer.ns / 1000),
 )
 
 

@@ -20,7 +20,7 @@ from nereid.batcher import DynamicBatcher, Instance
 from nereid.config import to_triton_json
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
-from nereid.devices import GpuInventory, placements, resolve_instance_groups
+from nereid.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instance import ModelInstance
@@ -77,7 +77,7 @@ class ModelLoader:
                 build_samples, config, source.path, model_version=version.version
             )
             groups = placements(config)
-            if any(group.isolation == "thread" for group, _ in groups):
+            if any(isolation_of(group) == "thread" for group, _ in groups):
                 # a process instance imports model.py in its own process, never here
                 model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
             for index, (group, device) in enumerate(groups):
@@ -95,7 +95,7 @@ class ModelLoader:
                     device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
                 )
                 instance: ModelInstance | ProcessInstance
-                if group.isolation == "process":
+                if isolation_of(group) == "process":
                     instance = ProcessInstance(version.model_file, context, config)
                     instances.append(instance)
                     await instance.start()  # its own process: no import lock needed

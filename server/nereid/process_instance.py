@@ -94,6 +94,9 @@ class ProcessInstance:
         self.timeout_s = config.execution_timeout_ms / 1000 if config.execution_timeout_ms else None
         #: the batcher leaves the execution timeout to this instance (it kills its process).
         self.enforces_timeout = True
+        #: a batch handed over while another runs is assembled at once and waits for a free
+        #: slot (its process starts it as soon as the reply to the one before is read).
+        self.queues_batches = True
         self.model_class: ModelClass | None = None
         self.worker = WorkerProcess(model_file, context, self.capacity + 1)  # + the control channel
         self._threads = _InstanceThreads(self.capacity, self.name)

@@ -101,9 +101,18 @@ class RequestQueue(Generic[Entry]):
         self._sizes: dict[int, int] = {level: 0 for level in self.levels}
         self._deadlines: list[tuple[int, int, Entry]] = []
         self._live = 0
+        #: the summed cost of the live requests (what ``full`` compares)
+        self.queued_cost = 0
 
     def __len__(self) -> int:
         return self._live
+
+    @property
+    def full(self) -> bool:
+        """Whether enough work is queued that a batch could leave at once whatever the
+        delay (the largest preferred size, or max_batch_size): a cheap, necessary
+        condition for ``decide(now, only_full=True)`` to take one."""
+        return self.queued_cost >= (self.max_preferred if self.batching else 1)
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
         """Change the batch bound (preferred sizes above it are ignored)."""
@@ -149,6 +158,7 @@ class RequestQueue(Generic[Entry]):
         self._normal[item.level].append(item)
         self._sizes[item.level] += 1
         self._live += 1
+        self.queued_cost += item.cost
         if item.deadline_ns:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
 
@@ -163,16 +173,20 @@ class RequestQueue(Generic[Entry]):
         item.removed = True
         self._sizes[item.level] -= 1
         self._live -= 1
+        self.queued_cost -= item.cost
 
     def expire(self, now_ns: int) -> tuple[Entry, ...]:
         """Apply timeouts due at ``now_ns`` without forming a batch: REJECT requests are
         removed and returned (to be failed), DELAY requests move behind the others."""
         return self._expire(now_ns)
 
-    def decide(self, now_ns: int, *, flush: bool = False) -> Decision[Entry]:
+    def decide(self, now_ns: int, *, flush: bool = False, only_full: bool = False) -> Decision[Entry]:
         """Expire timed-out requests, then take a batch if one is due at ``now_ns``.
 
-        ``flush`` treats the queue delay as expired (used while draining on unload)."""
+        ``flush`` treats the queue delay as expired (used while draining on unload);
+        ``only_full`` takes a batch only if it is full (it reaches the largest preferred
+        size or max_batch_size: nothing arriving later could make it larger), as the
+        batcher does to hand an instance its next batch while the current one runs."""
         expired = self._expire(now_ns)
         if not self.batching:
             for item in self._in_order():
@@ -204,6 +218,8 @@ class RequestQueue(Generic[Entry]):
                 break
         if not items:
             return Decision((), expired, self._next_deadline())
+        if only_full and pending < self.max_preferred:
+            return Decision((), expired, None)
 
         oldest = self._oldest_enqueue_ns()
         delay_exceeded = flush or (self.delay_ns != 0 and now_ns - oldest >= self.delay_ns)

@@ -73,6 +73,14 @@ class ModelStats:
     #: successful requests by queue time: slot i counts waits <= QUEUE_BUCKETS_US[i]
     #: (and above the previous bound); the last slot counts longer waits.
     queue_buckets: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_BUCKETS_US) + 1))
+    #: nereid's scheduling view (``scheduling_json``), per batch: how long instances were
+    #: busy with it (from the moment it could start, to the moment the loop saw it return),
+    #: how long an instance stood idle between it and the batch before although it was
+    #: ready (next batch formed at once), and the event loop's time to form it and to answer it.
+    busy: Duration = field(default_factory=Duration)
+    idle_between: Duration = field(default_factory=Duration)
+    formation: Duration = field(default_factory=Duration)
+    answer: Duration = field(default_factory=Duration)
 
     def record_execution(
         self, rows: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
@@ -130,6 +138,17 @@ class ModelStats:
         self.fail.add(total_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def scheduling_json(self) -> dict[str, dict[str, int]]:
+        """nereid's scheduling figures (the statistics' ``scheduling`` entry): cumulative
+        ``{"count", "ns"}`` per batch for ``instance_busy``, ``instance_idle_between_batches``,
+        ``batch_formation`` and ``batch_answer``."""
+        return {
+            "instance_busy": self.busy.as_json(),
+            "instance_idle_between_batches": self.idle_between.as_json(),
+            "batch_formation": self.formation.as_json(),
+            "batch_answer": self.answer.as_json(),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """The ``model_stats`` entry of Triton's statistics JSON."""

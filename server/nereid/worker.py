@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from nereid.batch_arrays import tensor_to_numpy
+from nereid.config.triton_json import INPUT_TENSORS
+from nereid.device_tensors import DeviceInputs, outputs_to_host
 from nereid.errors import ModelLoadError, NereidError
 from nereid.log import configure_logging
 from nereid.model_faults import MODEL_FAULTS
@@ -60,6 +62,7 @@ def worker_outputs(raw: Any) -> Any:
         return raw
     if all(type(value) is np.ndarray for value in raw.values()):
         return raw  # the common case: nothing to convert
+    raw = outputs_to_host(raw)  # CUDA tensors: one copy for the batch
     return {
         name: tensor_to_numpy(value) if type(value).__module__.startswith("torch") else value
         for name, value in raw.items()
@@ -98,6 +101,11 @@ class _Worker:
             import torch
 
             torch.cuda.set_device(self.context.device)
+        #: ``input_tensors = "torch"`` (the config's JSON form carries it as a parameter)
+        self.device_inputs: DeviceInputs | None = None
+        parameters = self.context.config.get("parameters", {})
+        if parameters.get(INPUT_TENSORS, {}).get("string_value") == "torch" and not self.model_class.triton:
+            self.device_inputs = DeviceInputs(self.context.device)
         cls = self.model_class.cls
         self.model: Any = None
         self.send_lock = threading.Lock()  # a decoupled Triton model's senders write from their own threads
@@ -150,6 +158,12 @@ class _Worker:
                 continue
             assert inputs_arena is not None
             inputs = read_arrays(inputs_arena, message[1], copy=False)
+            if kind != "batch_size" and self.device_inputs is not None:
+                try:
+                    inputs = self.device_inputs(inputs)
+                except BaseException as exc:  # torch's (out of memory): fails the batch
+                    channel.send(self._fault("infer", exc))
+                    continue
             if kind == "batch_size":
                 self._reply(channel, "batch_size", lambda: self.model.batch_size(inputs))
             elif kind == "infer":

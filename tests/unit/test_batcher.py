@@ -464,8 +464,9 @@ def test_submit_with_on_answer_calls_it_once_per_request_from_the_batch() -> Non
             await settle()  # and no more
         assert answers == [(2, None), (4, None), (6, None)]
         assert first.answer.done()
-        # The first batch's answer was given before the second batch was formed.
-        assert seen_when_next_batch_formed == [0, 1]
+        # Pipelined: the second batch was handed to the instance before the first one's
+        # answer went out (answering never delays the next batch).
+        assert seen_when_next_batch_formed == [0, 0]
 
     run(scenario())
 
@@ -537,5 +538,123 @@ def test_the_default_clock_is_real_time_called_with_nothing_in_between() -> None
             # Timeouts and queue delays are scheduled with the loop's own call_at.
             assert batcher._call_at == asyncio.get_running_loop().call_at
             assert await batcher.infer(4) == 8
+
+    run(scenario())
+
+
+@dataclass
+class QueueingInstance:
+    """Like an instance thread: takes batches at any time (``queues_batches``) and runs
+    them one after the other. Each batch runs until the test releases it
+    (``release()``); ``handed`` and ``began`` record the clock when a batch was handed
+    over and when it began to run."""
+
+    clock: ManualClock
+    name: str = "queueing_0"
+    capacity: int = 1
+    queues_batches: bool = True
+    handed: list[tuple[int, list[Any]]] = field(default_factory=list)
+    began: list[int] = field(default_factory=list)
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _gates: list[asyncio.Event] = field(default_factory=list)
+
+    @property
+    def cost_function(self) -> None:
+        return None
+
+    def release(self, index: int) -> None:
+        self._gates[index].set()
+
+    async def run_batch(self, items: Sequence[Any]) -> Outcome:
+        self.handed.append((self.clock.monotonic_ns(), list(items)))
+        gate = asyncio.Event()
+        self._gates.append(gate)
+        async with self._turn:
+            self.began.append(self.clock.monotonic_ns())
+            await gate.wait()
+        return Outcome([item * 2 for item in items], None)
+
+
+def test_a_full_batch_is_handed_to_the_instance_while_the_current_one_runs_and_starts_when_it_returns() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        answers: list[Any] = []
+        async with make([instance], max_batch_size=4, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for item in range(4):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            await until(lambda: len(instance.began) == 1)  # batch 1 runs
+            clock.advance(10_000_000)
+            for item in range(4, 8):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            # a full batch queued: formed and handed over now, while batch 1 still runs
+            await until(lambda: len(instance.handed) == 2)
+            assert instance.handed[1] == (clock.monotonic_ns(), [4, 5, 6, 7])
+            assert batcher.queue_depth == 0 and instance.began == [clock.monotonic_ns() - 10_000_000]
+            clock.advance(40_000_000)
+            instance.release(0)
+            # batch 2 begins as batch 1 returns: no time passes in between
+            await until(lambda: len(instance.began) == 2)
+            assert instance.began[1] == clock.monotonic_ns()
+            await until(lambda: len(answers) == 4)
+            clock.advance(50_000_000)
+            instance.release(1)
+            await until(lambda: len(answers) == 8)
+        assert sorted(answers) == [item * 2 for item in range(8)]
+        assert batcher.stats.idle_between.as_json() == {"count": 1, "ns": 0}
+        assert batcher.stats.busy.as_json() == {"count": 2, "ns": 100_000_000}  # 50 ms each, back to back
+
+    run(scenario())
+
+
+def test_a_partial_batch_waits_for_the_running_one_to_return_and_takes_what_arrived_meanwhile() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        async with make([instance], max_batch_size=4, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for item in range(4):
+                batcher.submit(item, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            batcher.submit(4, None, lambda result, error: None)
+            await settle()
+            assert len(instance.handed) == 1  # not full: it could still grow
+            batcher.submit(5, None, lambda result, error: None)
+            instance.release(0)
+            await until(lambda: len(instance.began) == 2)
+            assert instance.handed[1][1] == [4, 5]
+            instance.release(1)
+
+    run(scenario())
+
+
+def test_the_returned_batch_is_answered_after_the_next_one_is_handed_to_the_instance() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock, queues_batches=False)
+        answered_when_handed: list[int] = []
+        answers: list[Any] = []
+        original = instance.run_batch
+
+        async def recording(items: Sequence[Any]) -> Outcome:
+            answered_when_handed.append(len(answers))
+            return await original(items)
+
+        instance.run_batch = recording  # type: ignore[method-assign]
+        async with make([instance], max_batch_size=2, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for item in range(2):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            await until(lambda: len(instance.began) == 1)
+            for item in range(2, 4):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            await settle()
+            assert len(instance.handed) == 1  # this instance takes a batch only when idle
+            clock.advance(5_000_000)
+            instance.release(0)
+            await until(lambda: len(answers) == 2 and len(instance.began) == 2)
+            instance.release(1)
+            await until(lambda: len(answers) == 4)
+        assert answered_when_handed == [0, 0]  # batch 2 was handed over before batch 1's answers
+        assert batcher.stats.idle_between.as_json() == {"count": 1, "ns": 0}
+        assert batcher.stats.answer.count == 2 and batcher.stats.formation.count == 2
 
     run(scenario())

@@ -233,9 +233,21 @@ def test_isolation_and_execution_timeout_travel_as_string_parameters() -> None:
     assert from_json(rendered).parameters == {"tokenizer": "bert-base"}
 
 
-def test_thread_isolation_and_no_execution_timeout_are_not_rendered() -> None:
-    config = minimal(instance_group=(InstanceGroup("add_one", isolation="thread"),))
+def test_input_tensors_travel_as_a_parameter_and_come_back() -> None:
+    config = minimal(input_tensors="torch")
+    rendered = as_json(config)
+    assert rendered["parameters"] == {"input_tensors": {"string_value": "torch"}}
+    assert from_json(json.loads(json.dumps(rendered))).input_tensors == "torch"
+
+
+def test_unset_isolation_and_no_execution_timeout_are_not_rendered() -> None:
+    config = minimal(instance_group=(InstanceGroup("add_one"),))
     assert as_json(config)["parameters"] == {}
+
+
+def test_an_explicit_thread_isolation_is_rendered_as_a_gpus_default_is_a_process() -> None:
+    config = minimal(instance_group=(InstanceGroup("add_one", kind="KIND_GPU", isolation="thread"),))
+    assert as_json(config)["parameters"] == {"instance_group.add_one.isolation": {"string_value": "thread"}}
 
 
 def test_isolation_is_rendered_under_the_defaulted_group_name() -> None:
@@ -828,7 +840,7 @@ def toml_configs(draw: st.DrawFn) -> dict[str, Any]:
         isolation_of: dict[str, str] = {}
         for index, group in enumerate(groups):
             name = group.get("name", f"add_one_{index}")
-            isolation = str(group.get("isolation", "thread")).lower()
+            isolation = str(group.get("isolation", "")).lower()
             if isolation_of.setdefault(name, isolation) != isolation:
                 group["isolation"] = isolation_of[name]
         config["instance_group"] = groups

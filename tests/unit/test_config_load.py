@@ -179,7 +179,7 @@ def test_minimal_config_takes_tritons_defaults(repository: Path) -> None:
         model_warmup=(),
         execution_timeout_ms=0,
     )
-    assert config.instance_group[0].isolation == "thread"
+    assert config.instance_group[0].isolation == ""  # not set: by the device, at load
 
 
 def test_missing_name_defaults_to_the_folder_name(repository: Path) -> None:
@@ -334,7 +334,7 @@ def test_instance_isolation_is_case_insensitive_and_stored_lowercase(
     assert config.instance_group == (InstanceGroup("add_one_0", isolation=stored),)
 
 
-def test_isolation_is_per_group_and_defaults_to_thread(repository: Path) -> None:
+def test_isolation_is_per_group_and_not_set_by_default(repository: Path) -> None:
     text = """
     [[instance_group]]
     kind = "CPU"
@@ -345,8 +345,13 @@ def test_isolation_is_per_group_and_defaults_to_thread(repository: Path) -> None
     """
     assert load(repository, text).instance_group == (
         InstanceGroup("add_one_0", count=2, kind="KIND_CPU", isolation="process"),
-        InstanceGroup("threads", isolation="thread"),
+        InstanceGroup("threads"),  # not set: a thread on the CPU, a process on a GPU (devices.isolation_of)
     )
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", "numpy"), ('input_tensors = "TORCH"', "torch")])
+def test_input_tensors_defaults_to_numpy_and_takes_torch(repository: Path, text: str, expected: str) -> None:
+    assert load(repository, text).input_tensors == expected
 
 
 @pytest.mark.parametrize("timeout", [0, 1, 250, 3_600_000])
@@ -854,8 +859,13 @@ REJECTED = [
         id="isolation-misspelt",
     ),
     pytest.param(
+        'input_tensors = "jax"',
+        'input_tensors: expected "numpy" or "torch", got "jax"',
+        id="input-tensors-unknown",
+    ),
+    pytest.param(
         '[[instance_group]]\nname = "g"\n[[instance_group]]\nname = "g"\nisolation = "process"',
-        'instance_group[1].isolation: expected "thread" (the isolation of instance_group[0], '
+        'instance_group[1].isolation: expected no isolation (the isolation of instance_group[0], '
         'which has the same name "g"), got "process"',
         id="same-group-name-different-isolation",
     ),

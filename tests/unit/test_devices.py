@@ -10,7 +10,7 @@ import pytest
 
 import nereid.devices
 from nereid.config.schema import InstanceGroup, ModelConfig
-from nereid.devices import GpuInventory, placements, resolve_instance_groups
+from nereid.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import ModelLoadError
 
 CONFIG_PATH = Path("/models/m/config.toml")
@@ -37,6 +37,13 @@ def test_no_instance_group_is_one_instance_on_every_visible_gpu(monkeypatch: pyt
     assert resolved.instance_group == (InstanceGroup(name="m", kind="KIND_GPU", count=1, gpus=(0, 1)),)
     assert placements(resolved) == [(resolved.instance_group[0], "cuda:0"), (resolved.instance_group[0], "cuda:1")]
     assert probes == 1
+
+
+def test_isolation_not_set_is_a_process_on_a_gpu_and_a_thread_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = (InstanceGroup(name="g", kind="KIND_AUTO"), InstanceGroup(name="c", kind="KIND_CPU"),
+              InstanceGroup(name="t", kind="KIND_GPU", isolation="thread"))
+    resolved, _ = resolve(config(*groups), 1, monkeypatch)
+    assert [isolation_of(group) for group in resolved.instance_group] == ["process", "thread", "thread"]
 
 
 def test_kind_auto_without_a_gpu_is_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,10 +179,11 @@ class _Rules:
             first = first_index.setdefault(group.name, index)
             if groups[first].isolation != group.isolation:
                 expected = (
-                    f"{render(groups[first].isolation)} (the isolation of instance_group[{first}], "
+                    f"{render(groups[first].isolation) if groups[first].isolation else 'no isolation'} "
+                    f"(the isolation of instance_group[{first}], "
                     f"which has the same name {render(group.name)})"
                 )
-                self.fail(f"instance_group[{index}].isolation", expected, group.isolation)
+                self.fail(f"instance_group[{index}].isolation", expected, group.isolation or "none")
 
     def warmup(self, where: str, warmup: ModelWarmup, config: ModelConfig) -> None:
         size = warmup.batch_size

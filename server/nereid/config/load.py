@@ -26,6 +26,7 @@ from nereid.config.schema import (
 )
 from nereid.config.triton_json import (
     EXECUTION_TIMEOUT_MS,
+    INPUT_TENSORS,
     MAX_CONCURRENT_BATCHES,
     PAD_VALUE_PREFIX,
     isolation_group_name,
@@ -44,7 +45,7 @@ __all__ = ["load_model_config", "parse_model_config", "config_from_triton_json"]
 _TOP_KEYS = (
     "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
     "output", "dynamic_batching", "instance_group", "default_model_filename", "parameters",
-    "model_transaction_policy", "model_warmup", "execution_timeout_ms",
+    "model_transaction_policy", "model_warmup", "execution_timeout_ms", "input_tensors",
 )  # fmt: skip
 _VERSION_POLICY_KEYS = ("latest", "all", "specific")
 _INPUT_KEYS = (
@@ -132,6 +133,7 @@ def _parse(
         ),
         model_warmup=tuple(_warmup(t) for t in root.tables("model_warmup", _WARMUP_KEYS)),
         execution_timeout_ms=root.integer("execution_timeout_ms", 0, minimum=0),
+        input_tensors=_input_tensors(root),
     )
     check_rules(config, source=source, folder_name=folder_name)
     return config
@@ -278,9 +280,20 @@ def _instance_groups(root: Table, model_name: str) -> tuple[InstanceGroup, ...]:
     return tuple(groups)
 
 
+def _input_tensors(root: Table) -> str:
+    """``"numpy"`` (the default) or ``"torch"``; case does not matter."""
+    value = root.raw("input_tensors") if root.has("input_tensors") else "numpy"
+    if isinstance(value, str) and value.lower() in ("numpy", "torch"):
+        return value.lower()
+    root.fail("input_tensors", '"numpy" or "torch"', value)
+
+
 def _isolation(table: Table) -> str:
-    """``"thread"`` or ``"process"``; case does not matter, as for the enums."""
-    value = table.raw("isolation") if table.has("isolation") else "thread"
+    """``"thread"`` or ``"process"``; case does not matter, as for the enums. Not set:
+    ``""`` (decided by the kind at load: devices.resolve_instance_groups)."""
+    if not table.has("isolation"):
+        return ""
+    value = table.raw("isolation")
     if isinstance(value, str) and value.lower() in _ISOLATIONS:
         return value.lower()
     table.fail("isolation", '"thread" or "process"', value)
@@ -309,6 +322,8 @@ def _extension_home(name: str) -> str | None:
         return "pad_value in the input's [[input]] table"
     if name == EXECUTION_TIMEOUT_MS:
         return "the top-level execution_timeout_ms"
+    if name == INPUT_TENSORS:
+        return "the top-level input_tensors"
     if isolation_group_name(name) is not None:
         return "isolation in the group's [[instance_group]] table"
     return None

@@ -104,8 +104,10 @@ class InstanceGroup:
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
     #: nereid extension: ``"thread"`` (instances are threads of the server) or
-    #: ``"process"`` (each instance is an OS process of its own under a supervisor).
-    isolation: str = "thread"
+    #: ``"process"`` (each instance is an OS process of its own under a supervisor); ``""``
+    #: (not set): decided at load, ``"process"`` for instances on a GPU (the model's Python
+    #: must not share a GIL with the server), ``"thread"`` on the CPU (devices.py).
+    isolation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,9 @@ class ModelConfig:
     model_warmup: tuple[ModelWarmup, ...] = ()
     #: nereid extension: a batch running longer fails its requests; 0 = no limit.
     execution_timeout_ms: int = 0
+    #: nereid extension: how ``infer`` gets its inputs: ``"numpy"`` arrays, or ``"torch"``
+    #: tensors already on the instance's device (device_tensors.py).
+    input_tensors: str = "numpy"
 
     @property
     def decoupled(self) -> bool:

