@@ -14,6 +14,7 @@ PUBLIC = [
     "batch",
     "BatchedFunction",
     "Server",
+    "serve",
     "ModelContext",
     "NereidError",
     "ConfigError",
