@@ -9,11 +9,11 @@ both reach ServerOptions with the same values and the same refusals.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -87,7 +87,7 @@ def _int(text: str) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Flag:
     flag: str
     field: str
@@ -201,7 +201,7 @@ def options_from_keywords(model_repository: str | os.PathLike[str], keywords: di
     given: dict[str, Any] = {"model_repository": _keyword_value(_ROWS["model_repository"], model_repository)}
     for name, value in keywords.items():
         row = _ROWS.get(name)
-        if row is None or name == "model_repository":
+        if row is None:
             close = difflib.get_close_matches(name, list(_ROWS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else " (the keywords are `nereid serve`'s flags with underscores)"
             raise TypeError(f"nereid.serve() got an unexpected keyword argument {name!r}{hint}")
@@ -216,7 +216,7 @@ def _keyword_value(row: _Flag, value: object) -> Any:
         items = [value] if isinstance(value, (str, os.PathLike)) else value
         if not isinstance(items, (list, tuple)):
             raise ValueError(f"nereid.serve(): {row.field}: expected a name or a list of names, got {value!r}")
-        return tuple(_keyword_value(_Flag(row.flag, row.field, row.parse, row.help, row.choices), item) for item in items)
+        return tuple(_keyword_value(dataclasses.replace(row, repeat=False), item) for item in items)
     text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
     if isinstance(value, bool) and row.parse is not _bool:
         text = repr(value)  # True is no port, no number of seconds
