@@ -273,10 +273,20 @@ def wait_until(condition: Callable[[], object], what: str, polls: int = 1500, ev
 # -- servers ------------------------------------------------------------------------------
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now, and not handed out before in this run: the socket is
+    closed before the server binds it, so the OS may offer the same number again (a
+    server's HTTP and gRPC ports then collided)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
