@@ -1,14 +1,22 @@
 # Two commands do all set-up on a fresh machine:
-#   make serve   create .venv if missing, install nereid and tritonclient, serve model_repository/
-#                on 127.0.0.1:8000 (PORT=8001 for another port, ARGS="--log-verbose 1" for more flags)
+#   make serve   create .venv if missing, install nereid, the example models' dependencies and
+#                tritonclient, serve model_repository/ on 127.0.0.1: HTTP on PORT (8000), gRPC on
+#                PORT+1, metrics on PORT+2 (GRPC_PORT=, METRICS_PORT= to choose them apart;
+#                ARGS="--log-verbose 1" for more flags)
 #   make test    the same set-up plus test dependencies, then the whole suite (mypy --strict,
 #                import contracts, pytest; the e2e tests a second time with process instances)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch (a bare `torch` requirement would pull a multi-GB CUDA build).
-TORCH_CPU := torch==2.13.0
+# torch for the example models, pinned so every machine gets the same release. Which build
+# is the index's choice: PyPI's Linux x86_64 wheel is the CUDA build (several GB of NVIDIA
+# packages); TORCH_INDEX=https://download.pytorch.org/whl/cpu takes PyTorch's CPU build.
+# (On this project's machines a local wheel folder supplies the CPU build.)
+TORCH := torch==2.13.0
+TORCH_INDEX ?=
 PORT ?= 8000
+GRPC_PORT ?= $(shell echo $$(( $(PORT) + 1 )))
+METRICS_PORT ?= $(shell echo $$(( $(PORT) + 2 )))
 ARGS ?=
 
 .PHONY: serve test install install-test perf-analyzer lint bench clean
@@ -18,22 +26,24 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch is pinned in the same pip command as anything that depends on it, so pip never
-# resolves a newer (CUDA) build.
+# resolves another release. With TORCH_INDEX, torch comes from that index first (pip then
+# keeps it).
 # `clients`: tritonclient's HTTP client, so the README's snippets and clients/ run with
 # .venv/bin/python right after `make serve`.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[examples,clients]' '$(TORCH_CPU)'
+	$(if $(TORCH_INDEX),$(BIN)/pip install -q --index-url '$(TORCH_INDEX)' '$(TORCH)')
+	$(BIN)/pip install -q -e '.[examples,clients]' '$(TORCH)'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test,examples,clients]' '$(TORCH_CPU)'
+	$(BIN)/pip install -q -e '.[test,examples,clients]' '$(TORCH)'
 	touch $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 serve: install
-	$(BIN)/nereid serve --model-repository model_repository --http-port $(PORT) $(ARGS)
+	$(BIN)/nereid serve --model-repository model_repository --http-port $(PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(ARGS)
 
 perf-analyzer: install-test
 	bash perf/install_perf_analyzer.sh

@@ -100,6 +100,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "toml_only(reason): checks the config.toml file itself; skipped under --repo-format pbtxt"
     )
+    config.addinivalue_line(
+        "markers", "install: installs nereid into a fresh virtual environment (pip; tests/install)"
+    )
     global REPO_FORMAT
     ISOLATION = config.getoption("isolation")
     REPO_FORMAT = config.getoption("repo_format")
@@ -165,11 +168,11 @@ def _toml_value(value: object) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit,
-    tests/ray -> ray.
+    tests/ray -> ray, tests/install -> install.
     Under ``--isolation process``, ``thread_only`` tests are skipped."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts[0] in ("e2e", "gpu", "unit", "ray"):
+        if parts[0] in ("e2e", "gpu", "unit", "ray", "install"):
             item.add_marker(parts[0])
         if parts[0] == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))
@@ -270,10 +273,20 @@ def wait_until(condition: Callable[[], object], what: str, polls: int = 1500, ev
 # -- servers ------------------------------------------------------------------------------
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now, and not handed out before in this run: the socket is
+    closed before the server binds it, so the OS may offer the same number again (a
+    server's HTTP and gRPC ports then collided)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass

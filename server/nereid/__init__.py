@@ -2,7 +2,8 @@
 
 This module is the public API for model authors and embedders: the version, the
 ``ModelContext`` a model receives, and the error classes. It is cheap to import (no web
-framework); the server itself lives in ``nereid.server``.
+framework); the server itself lives in ``nereid.server``, and ``nereid.serve()`` (the
+``nereid serve`` command from a script) in ``nereid.cli``, both imported on first use.
 """
 
 from nereid.context import ModelContext
@@ -38,6 +39,10 @@ def __getattr__(name: str) -> object:
         from nereid.server import Server
 
         return Server
+    if name == "serve":
+        from nereid.cli import serve
+
+        return serve
     raise AttributeError(f"module 'nereid' has no attribute {name!r}")
 
 
@@ -47,6 +52,7 @@ __all__ = [
     "batch",
     "BatchedFunction",
     "Server",
+    "serve",
     "ModelContext",
     "NereidError",
     "ConfigError",

@@ -24,7 +24,7 @@ from nereid.repository import check_model_name
 
 __all__ = [
     "EXTENSIONS", "load_model", "model_config", "model_metadata", "model_ready", "model_statistics", "parse_version",
-    "repository_index", "server_metadata", "unload_model",
+    "repository_index", "server_metadata", "unload_model", "why_not_ready",
 ]
 
 #: The protocol extensions nereid implements (server metadata lists them).
@@ -68,12 +68,21 @@ def model_ready(manager: ModelManager, name: str, version: str | int | None) -> 
     """Whether the version can serve now. Not ready (never an error) for an unknown model
     or version and for a version none of whose instances can serve, as Triton's core
     answers; a malformed version string is an error."""
+    return why_not_ready(manager, name, version) is None
+
+
+def why_not_ready(manager: ModelManager, name: str, version: str | int | None) -> str | None:
+    """None when the version can serve now; else why not: what an infer on it would be
+    told (with the reason a failed load left), or why none of its instances can serve. A
+    malformed version string raises InvalidInputError."""
     number = parse_version(version)
     try:
         serving = manager.get(name, number)
-    except (ModelNotFoundError, UnavailableError):
-        return False
-    return serving.problem is None
+    except (ModelNotFoundError, UnavailableError) as exc:
+        return exc.message
+    if serving.problem is None:
+        return None
+    return f"model '{name}' version {serving.version} is UNAVAILABLE: {serving.problem}"
 
 
 def model_metadata(manager: ModelManager, name: str, version: str | int | None) -> dict[str, Any]:

@@ -1,22 +1,26 @@
-"""The ``nereid`` command: ``nereid serve`` with tritonserver's flag names.
+"""The entry points: the ``nereid`` command (``nereid serve`` with tritonserver's flag
+names) and ``nereid.serve()``, the same server started from a Python script.
 
-Owns argument parsing only: one table of (flag, field, parser, help) rows builds both the
-argparse parser and ServerOptions.
+Owns option parsing only: one table of (flag, field, parser, help) rows builds the
+argparse parser, and checks ``nereid.serve``'s keyword arguments with the same parsers, so
+both reach ServerOptions with the same values and the same refusals.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import os
 import sys
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from nereid import __version__
 from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
 
-__all__ = ["main", "build_parser", "options_from_args"]
+__all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
 
 
 def _bool(text: str) -> bool:
@@ -83,7 +87,7 @@ def _int(text: str) -> int | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Flag:
     flag: str
     field: str
@@ -189,6 +193,83 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(**given)
 
 
+_ROWS = {row.field: row for row in _FLAGS}
+
+
+def options_from_keywords(model_repository: str | os.PathLike[str], keywords: dict[str, Any]) -> ServerOptions:
+    """ServerOptions from ``nereid.serve``'s arguments: each keyword is a flag's field
+    (``http_port`` for ``--http-port``), checked by that flag's own parser, so a value
+    ``nereid serve`` refuses is refused here with the same words. Raises TypeError for a
+    keyword that is no flag, ValueError for a value the flag refuses."""
+    given: dict[str, Any] = {"model_repository": _keyword_value(_ROWS["model_repository"], model_repository)}
+    for name, value in keywords.items():
+        row = _ROWS.get(name)
+        if row is None:
+            close = difflib.get_close_matches(name, list(_ROWS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (the keywords are `nereid serve`'s flags with underscores)"
+            raise TypeError(f"nereid.serve() got an unexpected keyword argument {name!r}{hint}")
+        if value is not None:  # None: the flag's default, as when the flag is not given
+            given[name] = _keyword_value(row, value)
+    return ServerOptions(**given)
+
+
+def _keyword_value(row: _Flag, value: object) -> Any:
+    """One keyword's value through its flag's parser (a list for a repeated flag)."""
+    if row.repeat:
+        items = [value] if isinstance(value, (str, os.PathLike)) else value
+        if not isinstance(items, (list, tuple)):
+            raise ValueError(f"nereid.serve(): {row.field}: expected a name or a list of names, got {value!r}")
+        return tuple(_keyword_value(dataclasses.replace(row, repeat=False), item) for item in items)
+    text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    if isinstance(value, bool) and row.parse is not _bool:
+        text = repr(value)  # True is no port, no number of seconds
+    try:
+        parsed = row.parse(text)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        kind = {int: "a whole number", float: "a number"}.get(row.parse, "a valid value")  # type: ignore[call-overload]
+        detail = str(exc) if isinstance(exc, argparse.ArgumentTypeError) else f"expected {kind}, got {value!r}"
+        raise ValueError(f"nereid.serve(): {row.field}: {detail}") from None
+    if row.choices and parsed not in row.choices:
+        raise ValueError(f"nereid.serve(): {row.field}: expected one of {', '.join(row.choices)}, got {value!r}")
+    return parsed
+
+
+def serve(model_repository: str | os.PathLike[str] = "model_repository", **options: Any) -> int:
+    """Serve ``model_repository`` the way ``nereid serve`` does: HTTP, gRPC and metrics,
+    blocking until SIGINT or SIGTERM; returns the command's exit status (0 after a clean
+    stop, 1 when a port could not be bound).
+
+    ``options`` are ``nereid serve``'s flags with underscores (``http_port=9000``,
+    ``model_control_mode="explicit"``, ``load_model=["add_one"]``), checked by the same
+    parsers: a value the command refuses raises ValueError, an unknown keyword TypeError,
+    before anything starts. Call it from the main thread (it owns the signals); from
+    another thread or your own event loop, use ``nereid.Server`` (``await server.serve()``).
+    """
+    settings = options_from_keywords(model_repository, options)
+    problem = _repository_problem(settings.model_repository)
+    if problem is not None:
+        raise ValueError(f"nereid.serve(): model_repository {settings.model_repository}: {problem}")
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "nereid.serve() runs in the main thread (it handles SIGINT and SIGTERM); on another thread or "
+            "your own event loop, use nereid.Server(...) and `await server.serve()`"
+        )
+    return _prepare(settings)()
+
+
+def _prepare(options: ServerOptions) -> Callable[[], int]:
+    """What serves ``options`` until stopped (call it for the exit status). Raises
+    ValueError for a setting the server refuses (e.g. poll secs 0), before anything
+    starts."""
+    if options.ray_replicas or options.ray_max_replicas:
+        from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
+
+        return lambda: run_on_ray(options)
+    from nereid.server import Server  # imported late: `nereid --help` stays fast
+
+    return Server(options).run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -197,18 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             print(f"nereid: --model-repository {options.model_repository}: {problem}", file=sys.stderr)
             return 2
-        if options.ray_replicas or options.ray_max_replicas:
-            from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
-
-            return run_on_ray(options)
-        from nereid.server import Server  # imported late: `nereid --help` stays fast
-
         try:
-            server = Server(options)
-        except ValueError as exc:  # a setting the model manager refuses, e.g. poll secs 0
+            run = _prepare(options)
+        except ValueError as exc:
             print(f"nereid: {exc}", file=sys.stderr)
             return 2
-        return server.run()
+        return run()
     if args.command == "convert-config":
         return _convert_config(args.path)
     return 2  # pragma: no cover - argparse requires a command

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import glob
+import importlib.util
 from pathlib import Path
 
 from nereid.config.schema import InstanceGroup, ModelConfig
@@ -52,7 +53,7 @@ async def resolve_instance_groups(config: ModelConfig, config_path: Path, gpus: 
                 raise ModelLoadError(
                     config.name,
                     f"{config_path}: instance_group[{index}].kind: KIND_GPU requested but no GPU is visible "
-                    "(torch.cuda.is_available() is False)",
+                    f"({_why_no_gpu()})",
                 )
             for gpu in group.gpus:
                 if gpu >= count:
@@ -99,3 +100,13 @@ def _visible_gpus() -> int:
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
     except Exception:  # a broken driver counts as no GPU
         return 0
+
+
+def _why_no_gpu() -> str:
+    """Why no GPU counts, for KIND_GPU's load error. Cheap (torch is looked for, not
+    imported): it runs on the event loop."""
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return "no NVIDIA device on this host"
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed, and nereid sees GPUs through torch: install torch, or nereid's examples extra"
+    return "torch.cuda.is_available() is False"

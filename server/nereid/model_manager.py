@@ -174,14 +174,18 @@ class ModelManager:
     # -- serving lookup (hot path) -----------------------------------------------------
 
     def get(self, name: str, version: int | None = None) -> ServingModel:
-        """The READY model version to serve, or Triton's error for why there is none."""
+        """The READY model version to serve, or Triton's error for why there is none,
+        followed by the reason the index holds (``...has no available versions; version
+        1 is UNAVAILABLE: <why it failed to load>``)."""
         if version is None:
             serving = self._latest.get(name)
             if serving is not None:
                 return serving
-            if name in self._records:
+            record = self._records.get(name)
+            if record is not None:
                 raise ModelNotFoundError(
-                    f"Request for unknown model: '{name}' has no available versions", model=name
+                    _with_reason(f"Request for unknown model: '{name}' has no available versions", record.why_not_serving()),
+                    model=name,
                 )
             raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found", model=name)
         record = self._records.get(name)
@@ -192,11 +196,16 @@ class ModelManager:
             return serving
         if version in record.statuses:
             raise ModelNotReadyError(
-                f"Request for unknown model: '{name}' version {version} is not at ready state",
+                _with_reason(
+                    f"Request for unknown model: '{name}' version {version} is not at ready state",
+                    record.why_not_serving(version),
+                ),
                 model=name,
             )
+        # a model whose folder or config could not be read has no versions: say why
+        why = "" if record.statuses else record.why_not_serving()
         raise ModelNotFoundError(
-            f"Request for unknown model: '{name}' version {version} is not found", model=name
+            _with_reason(f"Request for unknown model: '{name}' version {version} is not found", why), model=name
         )
 
     def serving_models(self) -> list[ServingModel]:
@@ -408,3 +417,7 @@ class ModelManager:
         else:
             self._latest.pop(record.name, None)
 
+
+def _with_reason(message: str, reason: str) -> str:
+    """Triton's words for a model that cannot serve, then nereid's reason (when known)."""
+    return f"{message}; {reason}" if reason else message

@@ -111,6 +111,24 @@ class ModelRecord:
                 return UNAVAILABLE, problem
         return status.state, status.reason
 
+    def why_not_serving(self, version: int | None = None) -> str:
+        """Why the model takes no requests, as the index tells it: ``version 1 is
+        UNAVAILABLE: <reason>`` per version (``; `` between them), or ``UNAVAILABLE:
+        <reason>`` when its folder or config could not be read; for one ``version``, ``it
+        is UNAVAILABLE: <reason>``. "" when there is nothing to tell."""
+        if version is not None:
+            if version not in self.statuses:
+                return ""
+            state, reason = self.state_of(version)
+            return f"it is {state}: {reason}" if reason else f"it is {state}"
+        parts = []
+        for number in sorted(self.statuses):
+            state, reason = self.state_of(number)
+            parts.append(f"version {number} is {state}: {reason}" if reason else f"version {number} is {state}")
+        if not parts and self.reason:
+            parts.append(f"{UNAVAILABLE}: {self.reason}")
+        return "; ".join(parts)
+
     def rows(self, ready_only: bool) -> list[IndexEntry]:
         """The model's index rows: one per version; or one version-less row."""
         if self.statuses:

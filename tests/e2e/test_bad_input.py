@@ -65,6 +65,10 @@ data_type = "TYPE_FP32"
 dims = [2]
 """
 
+#: Why "partial" version 2 and "broken" are UNAVAILABLE ({root}: the repository folder).
+PARTIAL_FAILURE = "{root}/partial/2/model.py: Model.__init__ failed for instance partial_0: RuntimeError: this version never loads"
+BROKEN_FAILURE = "{root}/broken/model.py: Model.__init__ failed for instance broken_0: RuntimeError: this version never loads"
+
 FAILING_INIT = """
 class Model:
     def __init__(self, context):
@@ -237,20 +241,27 @@ SHAPE_NOTE = (
         ("POST", "/v2/models/nope/infer", 404, "Request for unknown model: 'nope' is not found"),
         ("GET", "/v2/models/nope", 404, "Request for unknown model: 'nope' is not found"),
         ("GET", "/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not found"),
-        ("GET", "/v2/models/nope/ready", 400, "Model version not ready"),
-        ("GET", "/v2/models/simple/versions/3/ready", 400, "Model version not ready"),
-        ("GET", "/v2/models/partial/versions/2/ready", 400, "Model version not ready"),
-        ("GET", "/v2/models/broken/ready", 400, "Model version not ready"),
+        ("GET", "/v2/models/nope/ready", 400, "Model version not ready: Request for unknown model: 'nope' is not found"),
+        ("GET", "/v2/models/simple/versions/3/ready", 400,
+         "Model version not ready: Request for unknown model: 'simple' version 3 is not found"),
+        ("GET", "/v2/models/partial/versions/2/ready", 400,
+         "Model version not ready: Request for unknown model: 'partial' version 2 is not at ready state; "
+         "it is UNAVAILABLE: " + PARTIAL_FAILURE),
+        ("GET", "/v2/models/broken/ready", 400,
+         "Model version not ready: Request for unknown model: 'broken' has no available versions; "
+         "version 1 is UNAVAILABLE: " + BROKEN_FAILURE),
         ("GET", "/v2/models/simple/versions/99999999999999999999/ready", 400,
          "failed to get model version from specified version string '99999999999999999999'"),
         ("POST", "/v2/models/simple/versions/3/infer", 404, "Request for unknown model: 'simple' version 3 is not found"),
         ("GET", "/v2/models/simple/versions/3", 404, "Request for unknown model: 'simple' version 3 is not found"),
         ("POST", "/v2/models/partial/versions/2/infer", 503,
-         "Request for unknown model: 'partial' version 2 is not at ready state"),
+         "Request for unknown model: 'partial' version 2 is not at ready state; it is UNAVAILABLE: " + PARTIAL_FAILURE),
         ("GET", "/v2/models/partial/versions/2/config", 503,
-         "Request for unknown model: 'partial' version 2 is not at ready state"),
-        ("POST", "/v2/models/broken/infer", 404, "Request for unknown model: 'broken' has no available versions"),
-        ("GET", "/v2/models/broken", 404, "Request for unknown model: 'broken' has no available versions"),
+         "Request for unknown model: 'partial' version 2 is not at ready state; it is UNAVAILABLE: " + PARTIAL_FAILURE),
+        ("POST", "/v2/models/broken/infer", 404,
+         "Request for unknown model: 'broken' has no available versions; version 1 is UNAVAILABLE: " + BROKEN_FAILURE),
+        ("GET", "/v2/models/broken", 404,
+         "Request for unknown model: 'broken' has no available versions; version 1 is UNAVAILABLE: " + BROKEN_FAILURE),
         ("POST", "/v2/models/simple/versions/99999999999999999999/infer", 400,
          "failed to get model version from specified version string '99999999999999999999'"),
         ("GET", "/v2/models/simple/versions/9223372036854775808", 400,
@@ -265,10 +276,12 @@ SHAPE_NOTE = (
          "stats-unknown-model", "stats-unknown-version"],
 )
 def test_unknown_models_and_versions_get_tritons_status_and_text(
-    http: httpx.Client, method: str, path: str, status: int, message: str
+    http: httpx.Client, repo_root: Path, method: str, path: str, status: int, message: str
 ) -> None:
+    """Triton's status and words; for a model or version that failed to load, followed by
+    the reason the index holds (Triton says no more than its words)."""
     body = dumps(simple_json()) if method == "POST" else None
-    assert_error(http.request(method, path, content=body), status, message)
+    assert_error(http.request(method, path, content=body), status, message.replace("{root}", str(repo_root)))
     assert_serving(http)
 
 

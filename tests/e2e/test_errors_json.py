@@ -80,7 +80,8 @@ def test_an_over_long_model_name_is_refused_before_the_filesystem(serve, repo: R
     assert status == 500 and message.startswith(f"failed to load '{'n' * 255}', ") and "not found" in message
     # Routes that only look the name up say it is unknown, in Triton's words.
     assert error_of(server, "GET", f"/v2/models/{LONG}") == (404, f"Request for unknown model: '{LONG}' is not found")
-    assert error_of(server, "GET", f"/v2/models/{LONG}/ready") == (400, "Model version not ready")
+    assert error_of(server, "GET", f"/v2/models/{LONG}/ready") == (
+        400, f"Model version not ready: Request for unknown model: '{LONG}' is not found")
     assert request(server, "GET", "/v2/health/ready")[0] == 200
     assert "Traceback" not in server.log()
     assert server.stop() == 0

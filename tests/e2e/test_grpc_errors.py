@@ -16,7 +16,14 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import RunningServer, wait_until
-from tests.e2e.test_bad_input import PREFIX, SHAPE_NOTE, repo_root, server  # noqa: F401  (module fixtures)
+from tests.e2e.test_bad_input import (  # noqa: F401  (module fixtures)
+    BROKEN_FAILURE,
+    PARTIAL_FAILURE,
+    PREFIX,
+    SHAPE_NOTE,
+    repo_root,
+    server,
+)
 
 A = np.arange(16, dtype=np.int32)
 B = np.ones(16, dtype=np.int32)
@@ -68,11 +75,13 @@ def assert_serving(stub: Any) -> None:
         ("ModelMetadata", service_pb2.ModelMetadataRequest(name="simple", version="3"), "NOT_FOUND",
          "Request for unknown model: 'simple' version 3 is not found"),
         ("ModelInfer", service_pb2.ModelInferRequest(model_name="partial", model_version="2"), "UNAVAILABLE",
-         "Request for unknown model: 'partial' version 2 is not at ready state"),
+         "Request for unknown model: 'partial' version 2 is not at ready state; it is UNAVAILABLE: " + PARTIAL_FAILURE),
         ("ModelConfig", service_pb2.ModelConfigRequest(name="partial", version="2"), "UNAVAILABLE",
-         "Request for unknown model: 'partial' version 2 is not at ready state"),
+         "Request for unknown model: 'partial' version 2 is not at ready state; it is UNAVAILABLE: " + PARTIAL_FAILURE),
         ("ModelInfer", service_pb2.ModelInferRequest(model_name="broken"), "NOT_FOUND",
-         "Request for unknown model: 'broken' has no available versions"),
+         "Request for unknown model: 'broken' has no available versions; version 1 is UNAVAILABLE: " + BROKEN_FAILURE),
+        ("ModelMetadata", service_pb2.ModelMetadataRequest(name="broken"), "NOT_FOUND",
+         "Request for unknown model: 'broken' has no available versions; version 1 is UNAVAILABLE: " + BROKEN_FAILURE),
         ("ModelInfer", service_pb2.ModelInferRequest(model_name="simple", model_version="99999999999999999999"),
          "INVALID_ARGUMENT", "failed to get model version from specified version string '99999999999999999999'"),
         ("ModelReady", service_pb2.ModelReadyRequest(name="simple", version="99999999999999999999"),
@@ -84,11 +93,13 @@ def assert_serving(stub: Any) -> None:
     ],
     ids=["infer-unknown-model", "metadata-unknown-model", "config-unknown-model", "infer-unknown-version",
          "metadata-unknown-version", "infer-version-not-ready", "config-version-not-ready", "infer-no-ready-version",
+         "metadata-no-ready-version",
          "infer-version-overflow", "ready-version-overflow", "stats-unknown-model", "stats-unknown-version"],
 )
 def test_unknown_models_and_versions_get_tritons_status_and_text(
-    stub: Any, rpc: str, request_: Any, code: str, message: str
+    stub: Any, repo_root: Path, rpc: str, request_: Any, code: str, message: str
 ) -> None:
+    message = message.replace("{root}", str(repo_root))
     assert_error(lambda: getattr(stub, rpc)(request_), getattr(grpc.StatusCode, code), message)
     assert_serving(stub)
 

@@ -176,7 +176,7 @@ def test_load_unload_and_load_again_round_trip(serve, repo: RepoBuilder) -> None
     with pytest.raises(InferenceServerException) as caught:
         infer(server, "m")
     assert caught.value.status() == "404"
-    assert caught.value.message() == "Request for unknown model: 'm' has no available versions"
+    assert caught.value.message() == "Request for unknown model: 'm' has no available versions; version 1 is UNAVAILABLE: unloaded"
     assert ready(server)  # an unloaded model does not make the server unready
 
     load(server, "m")
@@ -442,7 +442,7 @@ def test_unload_lets_accepted_requests_finish_and_refuses_new_ones(serve, repo: 
     np.testing.assert_array_equal(output, np.full((1, 4), 8, np.float32))
     assert isinstance(late, InferenceServerException)
     assert late.status() == "404"
-    assert late.message() == "Request for unknown model: 'slow' has no available versions"
+    assert late.message() == "Request for unknown model: 'slow' has no available versions; version 1 is UNLOADING"
     assert unload_waited
     assert index(server)["slow"] == [{"name": "slow", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
 

@@ -27,12 +27,16 @@ Blocks, by kind:
   the next command is ``echo $?`` (which checks the status instead). A command with no
   output shown is checked by its exit status only.
 * **serve**: a ``bash`` block that is one ``nereid serve`` command: started in the
-  background (its own process group) with ``--http-port`` and ``--metrics-port`` of free
-  ports appended; the section's later blocks talk to it.
+  background (its own process group) with ``--http-port``, ``--grpc-port`` and
+  ``--metrics-port`` of free ports appended; the section's later blocks talk to it. Or one
+  ``.venv/bin/python SCRIPT.py`` command, the script a file of the section that calls
+  ``nereid.serve(...)``: its ``http_port=8000`` becomes free HTTP, gRPC and metrics ports,
+  and it runs in the section's folder (where ``model_repository`` is the README's).
 * **commands**: a ``bash`` block of ``make ...`` and ``.venv/bin/python perf/...`` lines:
   each ``make`` line must dry-run (``make -n``; for ``make serve`` the dry run must show
-  the port and ARGS given), each perf script must accept every flag shown (``--help``).
-  Benchmarks and the whole suite are not run from here.
+  the HTTP port given, gRPC and metrics on the next two ports, and the ARGS given), each
+  perf script must accept every flag shown (``--help``). Benchmarks and the whole suite are
+  not run from here.
 * markers: ``tree`` (the model_repository/ listing matches the folder), ``server-log``
   (each line begins a line of the section's server log, in order; ``...`` inside a line
   matches anything), ``synopsis`` (every flag exists in ``nereid serve --help``, with
@@ -44,8 +48,12 @@ rewritten to the port of the server the section uses, in commands, code and expe
 output; scripts in ``clients/`` that take ``--url`` get it; ``.venv/bin/`` means the venv
 this test runs in. Which server: the one a **serve** block started; else, if the section
 wrote model folders, one started on them (``tests.conftest.start_server``); else the
-README's own server, started the README's way: ``make serve PORT=... ARGS="--metrics-port
-..."`` from the repository root (shared by the module). A section that writes model
+README's own server, started the README's way: ``make serve PORT=... GRPC_PORT=...
+METRICS_PORT=...`` from the repository root (shared by the module).
+
+Every block that starts a server which keeps running (a **serve** block, ``make serve``)
+must say in the prose just before it (since the previous block) what must be stopped
+first: the README's steps reuse the same ports. A section that writes model
 folders but never calls a server gets one started on them at the end, and every model is
 called once with generated inputs.
 """
@@ -90,6 +98,8 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 EXPECT_COMMENT = re.compile(r"#\s*->\s*(.+?)\s*$")
 ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):8000\b")
 HTTP_PORT_FLAG = re.compile(r"--http-port 8000\b")
+HTTP_PORT_KEYWORD = re.compile(r"\bhttp_port=8000\b")
+SCRIPT_COMMAND = re.compile(r"^\.venv/bin/python (?!perf/)[\w.-]+\.py$")
 DIARY = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|this|that|earlier|later)\s+session", re.IGNORECASE)
 
 #: config-errors: the mutation of a shipped config that produces each documented message.
@@ -115,6 +125,7 @@ class Block:
     text: str
     markers: tuple[str, ...]  # the readme-test markers right before the block
     section: str  # slug of the nearest ## or ### heading
+    lead: str = ""  # the prose between the previous block (or heading) and this one
 
     @property
     def where(self) -> str:
@@ -139,6 +150,7 @@ def read_blocks(path: Path = README) -> list[Block]:
     blocks: list[Block] = []
     section = "top"
     pending: list[str] = []
+    prose: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -150,16 +162,17 @@ def read_blocks(path: Path = README) -> list[Block]:
                 body.append(lines[i])
                 i += 1
             assert i < len(lines), f"README.md line {start + 1}: unclosed code block"
-            blocks.append(Block(start + 1, fence.group(2), "\n".join(body), tuple(pending), section))
-            pending = []
+            blocks.append(Block(start + 1, fence.group(2), "\n".join(body), tuple(pending), section, " ".join(prose)))
+            pending, prose = [], []
         elif (marker := MARKER.match(line)) is not None:
             pending.append(marker.group(1))
         elif (heading := HEADING.match(line)) is not None:
             if len(heading.group(1)) <= 3:
                 section = slug(heading.group(2))
-            pending = []
+            pending, prose = [], []
         elif line.strip() and not line.lstrip().startswith("<!--"):
             pending = []  # a marker belongs to the block right after it
+            prose.append(line.strip())
         i += 1
     return blocks
 
@@ -195,7 +208,7 @@ def kind_of(block: Block) -> str:
         return "console"
     if block.info in ("bash", "sh", "shell"):
         commands = command_lines(block.text)
-        if len(commands) == 1 and is_serve_command(commands[0]):
+        if len(commands) == 1 and (is_serve_command(commands[0]) or SCRIPT_COMMAND.match(commands[0])):
             return "serve"
         if commands and all(c.startswith(("make ", ".venv/bin/python perf/")) for c in commands):
             return "commands"
@@ -322,7 +335,7 @@ def readme_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
             )
             port = free_port()
             log_path = tmp_path_factory.mktemp("readme-server") / "make-serve.log"
-            command = ["make", "serve", f"PORT={port}", f"ARGS=--metrics-port {free_port()} --grpc-port {free_port()}"]
+            command = ["make", "serve", f"PORT={port}", f"GRPC_PORT={free_port()}", f"METRICS_PORT={free_port()}"]
             server = spawn(command, ROOT, log_path, port)
             started.append(server)
             wait_ready(server, timeout=180)
@@ -524,6 +537,9 @@ def prepare_command(section: Section, command: str) -> str:
 def handle_serve(section: Section, block: Block) -> None:
     [command] = command_lines(block.text)
     assert section.own is None, f"{block.where}: the section already has a server"
+    if SCRIPT_COMMAND.match(command):
+        serve_script(section, block, command)
+        return
     words = shlex.split(command)
     serve = words.index("serve")
     argv = [str(VENV_BIN / "nereid") if words[0].endswith("nereid") else words[0], *words[1:]]
@@ -541,6 +557,26 @@ def handle_serve(section: Section, block: Block) -> None:
     wait_ready(server)
 
 
+def serve_script(section: Section, block: Block, command: str) -> None:
+    """``.venv/bin/python SCRIPT.py``: a script of the section that calls nereid.serve,
+    run on free ports in the section's folder, as a reader runs it from the repository's."""
+    script = section.cwd / command.split()[-1]
+    assert script.is_file(), f"{block.where}: no file {script.name} written before this block"
+    code = script.read_text()
+    assert "nereid.serve(" in code and HTTP_PORT_KEYWORD.search(code), (
+        f"{block.where}: {script.name} is not a script that calls nereid.serve(..., http_port=8000, ...)"
+    )
+    port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    script.write_text(HTTP_PORT_KEYWORD.sub(f"http_port={port}, grpc_port={grpc_port}, metrics_port={metrics_port}", code))
+    if not (section.cwd / "model_repository").exists():
+        (section.cwd / "model_repository").symlink_to(ROOT / "model_repository")
+    section.own_repository = ROOT / "model_repository"
+    server = spawn([sys.executable, str(script)], section.cwd, section.work.parent / f"serve-{port}.log", port)
+    section.own = server
+    section.used_server = True
+    wait_ready(server)
+
+
 def handle_commands(section: Section, block: Block) -> None:
     for command in command_lines(block.text):
         words = shlex.split(command)
@@ -549,7 +585,9 @@ def handle_commands(section: Section, block: Block) -> None:
             assert dry.returncode == 0, f"{block.where}: `make -n {' '.join(words[1:])}` failed:\n{dry.stderr}"
             if len(words) > 1 and words[1] == "serve":
                 assigned = dict(word.split("=", 1) for word in words[2:] if "=" in word)
-                shown = f"nereid serve --model-repository model_repository --http-port {assigned.get('PORT', '8000')}"
+                port = int(assigned.get("PORT", "8000"))
+                shown = (f"nereid serve --model-repository model_repository --http-port {port} "
+                         f"--grpc-port {port + 1} --metrics-port {port + 2}")
                 assert shown in dry.stdout, f"{block.where}: `{command}` would not run `{shown}`:\n{dry.stdout}"
                 assert assigned.get("ARGS", "") in dry.stdout, f"{block.where}: `{command}` drops ARGS:\n{dry.stdout}"
         else:
@@ -724,6 +762,24 @@ def test_section(name: str, tmp_path: Path, readme_server: Callable[[], RunningS
         run_section(section, SECTIONS[name])
     finally:
         section.close()
+
+
+def starts_a_server(block: Block) -> bool:
+    """Whether ``block`` starts a server that keeps running (and holds its ports)."""
+    kind = kind_of(block)
+    if kind == "serve":
+        return True
+    return kind == "commands" and any(shlex.split(c)[:2] == ["make", "serve"] for c in command_lines(block.text))
+
+
+def test_every_step_that_starts_a_server_says_what_to_stop_first() -> None:
+    steps = [block for block in BLOCKS if starts_a_server(block)]
+    assert len(steps) >= 3, [block.where for block in steps]
+    silent = [f"{block.where}: {block.text.splitlines()[0]}" for block in steps if "stop" not in block.lead.lower()]
+    assert not silent, (
+        "these README steps start a server without saying, just before, what must be stopped first:\n"
+        + "\n".join(silent)
+    )
 
 
 def test_every_flag_of_nereid_serve_is_documented() -> None:

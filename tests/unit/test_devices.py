@@ -68,8 +68,29 @@ def test_kind_gpu_without_a_gpu_fails_naming_the_file_and_key(monkeypatch: pytes
         resolve(config(InstanceGroup(kind="KIND_CPU"), InstanceGroup(kind="KIND_GPU")), 0, monkeypatch)
     assert raised.value.message == (
         f"{CONFIG_PATH}: instance_group[1].kind: KIND_GPU requested but no GPU is visible "
-        "(torch.cuda.is_available() is False)"
+        f"({nereid.devices._why_no_gpu()})"
     )
+
+
+@pytest.mark.parametrize(
+    ("devices", "torch", "why"),
+    [
+        ([], True, "no NVIDIA device on this host"),
+        (["/dev/nvidia0"], False, "torch is not installed, and nereid sees GPUs through torch: install torch, "
+                                  "or nereid's examples extra"),
+        (["/dev/nvidia0"], True, "torch.cuda.is_available() is False"),
+    ],
+    ids=["no-device", "device-without-torch", "device-with-torch"],
+)
+def test_why_no_gpu_is_visible_names_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, devices: list[str], torch: bool, why: str
+) -> None:
+    """A core install (no torch) on a GPU host is told that torch is what it lacks."""
+    monkeypatch.setattr(nereid.devices.glob, "glob", lambda pattern: devices)
+    real_find_spec = nereid.devices.importlib.util.find_spec
+    monkeypatch.setattr(nereid.devices.importlib.util, "find_spec",
+                        lambda name: (real_find_spec("json") if torch else None) if name == "torch" else real_find_spec(name))
+    assert nereid.devices._why_no_gpu() == why
 
 
 def test_a_gpu_index_beyond_the_visible_ones_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

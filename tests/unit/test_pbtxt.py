@@ -110,14 +110,87 @@ def test_convert_config_prints_toml_that_loses_nothing(tmp_path: Path) -> None:
     assert cli.returncode == 0 and cli.stdout == text
 
 
+RICH = """
+name: "rich"
+backend: "python"
+max_batch_size: 8
+version_policy { specific { versions: [1, 3] } }
+input [ { name: "TOKENS" data_type: TYPE_INT64 dims: [ -1 ] } ]
+input [ { name: "MASK" data_type: TYPE_BOOL dims: [ 1 ] reshape { shape: [ ] } optional: true } ]
+output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 4, 4 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 2, 4, 8 ]
+  max_queue_delay_microseconds: 500
+  priority_levels: 2
+  default_priority_level: 1
+  default_queue_policy { max_queue_size: 16 timeout_action: DELAY default_timeout_microseconds: 1000 }
+  priority_queue_policy { key: 2 value: { max_queue_size: 4 } }
+}
+instance_group [ { name: "cpu_group" count: 2 kind: KIND_CPU } ]
+parameters { key: "instance_group.cpu_group.isolation" value: { string_value: "process" } }
+parameters { key: "greeting" value: { string_value: "hello \\"world\\"" } }
+parameters { key: "with space" value: { string_value: "x" } }
+model_warmup [ {
+  name: "w" batch_size: 2
+  inputs { key: "TOKENS" value: { data_type: TYPE_INT64 dims: [ 3 ] zero_data: true } }
+  inputs { key: "MASK" value: { data_type: TYPE_BOOL dims: [ 1 ] random_data: true } }
+} ]
+"""
+
+
+def test_convert_config_prints_toml_a_person_would_write(tmp_path: Path) -> None:
+    """Top-level keys, then one table per section as the README writes them: short lists
+    inline (``dims = [4]``), ``[[instance_group]]`` tables, ``[parameters]`` as strings."""
+    folder = model_folder(tmp_path, "add_sub", ADD_SUB)
+    assert pbtxt_to_toml(folder / "config.pbtxt", "add_sub") == (
+        "# converted from config.pbtxt by `nereid convert-config`\n"
+        + "\n".join([
+            'name = "add_sub"', 'backend = "python"', "max_batch_size = 8", "",
+            "[[input]]", 'name = "INPUT0"', 'data_type = "TYPE_FP32"', "dims = [4]", "",
+            "[[input]]", 'name = "INPUT1"', 'data_type = "TYPE_FP32"', "dims = [4]", "",
+            "[[output]]", 'name = "OUTPUT0"', 'data_type = "TYPE_FP32"', "dims = [4]", "",
+            "[[output]]", 'name = "OUTPUT1"', 'data_type = "TYPE_FP32"', "dims = [4]", "",
+            "[dynamic_batching]", "preferred_batch_size = [4, 8]", "max_queue_delay_microseconds = 100", "",
+            "[[instance_group]]", "count = 2", 'kind = "KIND_CPU"', "",
+            "[parameters]", 'greeting = "hi"',
+        ])
+        + "\n"
+    )
+
+
+def test_convert_config_of_every_kind_of_section_means_the_same_and_stays_compact(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, "rich", RICH)
+    text = pbtxt_to_toml(folder / "config.pbtxt", "rich")
+    converted = tmp_path / "converted" / "rich"
+    converted.mkdir(parents=True)
+    (converted / "config.toml").write_text(text)
+    assert to_triton_json(load_model_config(converted / "config.toml", "rich")) == to_triton_json(
+        load_pbtxt_config(folder / "config.pbtxt", "rich"))
+    lines = text.splitlines()
+    assert not [line for line in lines if line.rstrip().endswith(("[", "{", ","))], text  # no value spread over lines
+    for line in ("specific = { versions = [1, 3] }", "dims = [4, 4]", "reshape = { shape = [] }",
+                 "preferred_batch_size = [2, 4, 8]", 'isolation = "process"', '"with space" = "x"',
+                 'TOKENS = { data_type = "TYPE_INT64", dims = [3], zero_data = true }'):
+        assert line in lines, (line, text)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: TYPE_FP32 dims: [ 4 } ]\n',
          "invalid protobuf text format: line 3, column"),
         ('name: "m"\nbackend: "python"\nmax_batch_sise: 4\n',
-         'invalid protobuf text format: line 3, column 1: Message type "inference.ModelConfig" has no field named '
-         '"max_batch_sise"'),
+         'line 3, column 1: unknown field "max_batch_sise" of ModelConfig (did you mean "max_batch_size"?)'),
+        ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: TYPE_FP32 dimz: [ 4 ] } ]\n',
+         'line 3, column 42: unknown field "dimz" of ModelInput (did you mean "dims"?)'),
+        ('name: "m"\nbackend: "python"\ndynamic_batching { max_queue_delay_microsecond: 100 }\n',
+         'line 3, column 20: unknown field "max_queue_delay_microsecond" of ModelDynamicBatching '
+         '(did you mean "max_queue_delay_microseconds"?)'),
+        ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: FP32 dims: [ 4 ] } ]\n',
+         'line 3, column 32: unknown value "FP32" of DataType (did you mean "TYPE_FP32"?)'),
+        ('name: "m"\nbackend: "python"\ninstance_group [ { kind: KIND_GPUS } ]\n',
+         'line 3, column 26: unknown value "KIND_GPUS" of Kind (did you mean "KIND_GPU"?)'),
+        ('name: "m"\nbackend: "python"\nzzzz: 1\n', 'line 3, column 1: unknown field "zzzz" of ModelConfig (known fields: name, '),
         ('name: "m"\nbackend: "onnxruntime"\n',
          'backend: expected "python" (nereid serves Triton Python-backend models only), got "onnxruntime"'),
         ('name: "m"\nplatform: "tensorrt_plan"\n',
@@ -127,7 +200,8 @@ def test_convert_config_prints_toml_that_loses_nothing(tmp_path: Path) -> None:
         ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
          'output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n', "input[0].dims"),
     ],
-    ids=["parse-error", "unknown-field", "other-backend", "other-platform", "no-backend", "sequence-batching",
+    ids=["parse-error", "unknown-field", "unknown-input-field", "unknown-batching-field", "enum-without-prefix",
+         "unknown-enum-value", "no-close-field", "other-backend", "other-platform", "no-backend", "sequence-batching",
          "bad-dims"],
 )
 def test_bad_pbtxt_files_name_the_file_and_the_reason(tmp_path: Path, text: str, message: str) -> None:

@@ -71,13 +71,13 @@ class Endpoints:
 
     async def model_ready(self, request: Request) -> Response:
         # Triton's HandleModelReady turns every "not ready" into 400 "Model version not
-        # ready"; only a bad version string is its own error.
+        # ready" (nereid adds why); only a bad version string is its own error.
         params = request.path_params
         try:
-            ready = admin.model_ready(self.manager, params["name"], params.get("version"))
+            why = admin.why_not_ready(self.manager, params["name"], params.get("version"))
         except NereidError as exc:
             return error_response(exc)
-        return empty_response(200) if ready else error_response(InvalidInputError("Model version not ready"))
+        return empty_response(200) if why is None else error_response(InvalidInputError(f"Model version not ready: {why}"))
 
     async def model_metadata(self, request: Request) -> Response:
         params = request.path_params
