@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from nereid.grpc.frames import (
-    DEFAULT_WINDOW, FRAME_HEADER, MAX_MAX_FRAME, MAX_WINDOW, MESSAGE_PREFIX, MIN_MAX_FRAME, PREFACE, RESPONSE_HEAD,
-    SETTING, TRAILERS_OK, U32, ErrorCode, Flag, FrameType, Setting, data_frame_header, frame, literal, percent_encoded,
+    DEFAULT_WINDOW, FRAME_HEADER, MAX_MAX_FRAME, MAX_WINDOW, MESSAGE_PREFIX, MIN_MAX_FRAME, PREFACE, SETTING, U32,
+    ErrorCode, Flag, FrameType, Setting, frame,
 )
 from nereid.grpc.headers import CompressionFailure, HeaderBlocks, MalformedHeaders
 from nereid.grpc.limits import Allowance, TransportLimits
-from nereid.grpc.stream import GrpcStream, ResponsePhase, StreamState
+from nereid.grpc.sender import Sender
+from nereid.grpc.stream import GrpcStream, StreamState
 from nereid.request_budget import SMALL_REQUEST, RequestBudget
 
 __all__ = ["Calls", "ConnectionState", "GrpcConnection", "GrpcStream", "PingPolicy", "Status", "MAX_CONCURRENT_STREAMS",
@@ -50,7 +51,7 @@ STREAM_HIGH_WATER = _DEFAULT_LIMITS.stream_high_water
 #: Compressed messages up to this size are inflated on the loop; larger ones in a thread.
 INLINE_INFLATE = 8 << 10
 
-_DATA, _HEADERS, _CONTINUATION = FrameType.DATA, FrameType.HEADERS, FrameType.CONTINUATION
+_CONTINUATION = FrameType.CONTINUATION
 _END_STREAM, _END_HEADERS, _PADDED = Flag.END_STREAM, Flag.END_HEADERS, Flag.PADDED
 #: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
 _SELF_DEPENDENT = 0x100
@@ -123,24 +124,19 @@ class GrpcConnection(asyncio.Protocol):
     ) -> None:
         self._calls = calls
         self._limits = limits = calls.limits
-        self._schedule = schedule
         self._refusal = refusal
         self._transport: Any = None
         self.state = ConnectionState.PREFACE
-        #: bytes to send once the loop's current callbacks are done (None: nothing waits)
-        self._out: list[bytes] | None = None
+        self._sender = Sender(schedule, self._close_stream)
+        self._write = self._sender.write
         self._buffer = bytearray()
         self._blocks = HeaderBlocks(limits.max_header_list)
         #: a header block being assembled from CONTINUATION frames: stream, flags, bytes, frames
         self._header_block: tuple[int, int, bytearray, list[int]] | None = None
         self.streams: dict[int, GrpcStream] = {}
         self._last_stream_id = 0
-        self._send_window = DEFAULT_WINDOW
         self._recv_window = limits.connection_window
         self._recv_unacked = 0
-        self._peer_stream_window = DEFAULT_WINDOW
-        self._peer_max_frame = MIN_MAX_FRAME
-        self._blocked: dict[int, GrpcStream] = {}
         #: why reading is paused (the client does not read; a message is being inflated)
         self._read_holds: set[str] = set()
         #: a stream whose message is inflating off the loop, and whether its frame ended it
@@ -171,8 +167,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        if self._schedule is None:
-            self._schedule = asyncio.get_running_loop().call_soon
+        self._sender.attach(transport)
         limits = self._limits
         settings = b"".join(SETTING.pack(key, value) for key, value in (
             (Setting.ENABLE_PUSH, 0), (Setting.MAX_CONCURRENT_STREAMS, limits.max_streams),
@@ -188,10 +183,10 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = ConnectionState.CLOSED
-        self._out = None
+        self._sender.closed = True
         streams = list(self.streams.values())
         self.streams.clear()
-        self._blocked.clear()
+        self._sender.blocked.clear()
         for stream in streams:
             self._forget(stream)
             self._calls.reset(self, stream)
@@ -505,7 +500,7 @@ class GrpcConnection(asyncio.Protocol):
             self._spend(self._resets, "refused streams")
             self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(ErrorCode.REFUSED_STREAM)))
             return
-        stream = GrpcStream(stream_id, headers, self._peer_stream_window, self._limits.stream_window)
+        stream = GrpcStream(stream_id, headers, self._sender.peer_stream_window, self._limits.stream_window)
         self.streams[stream_id] = stream
         encoding = headers.get(b"grpc-encoding")
         if encoding is not None and encoding != b"identity":
@@ -537,8 +532,8 @@ class GrpcConnection(asyncio.Protocol):
             if key == Setting.INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "initial window size too large")
-                delta = value - self._peer_stream_window
-                self._peer_stream_window = value
+                delta = value - self._sender.peer_stream_window
+                self._sender.peer_stream_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
                     if stream.send_window > MAX_WINDOW:
@@ -546,9 +541,9 @@ class GrpcConnection(asyncio.Protocol):
             elif key == Setting.MAX_FRAME_SIZE:
                 if not MIN_MAX_FRAME <= value <= MAX_MAX_FRAME:
                     raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"bad max frame size {value}")
-                self._peer_max_frame = value
+                self._sender.peer_max_frame = value
         self._write(frame(FrameType.SETTINGS, Flag.ACK, 0))
-        self._flush_blocked()
+        self._sender.flush_blocked()
 
     def _window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -557,10 +552,11 @@ class GrpcConnection(asyncio.Protocol):
         if not stream_id:
             if not increment:
                 raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self._send_window += increment
-            if self._send_window > MAX_WINDOW:
+            sender = self._sender
+            sender.send_window += increment
+            if sender.send_window > MAX_WINDOW:
                 raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
-            self._flush_blocked()
+            sender.flush_blocked()
             return
         stream = self.streams.get(stream_id)
         if stream is None:
@@ -574,7 +570,7 @@ class GrpcConnection(asyncio.Protocol):
         if stream.send_window > MAX_WINDOW:
             raise _StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR)
         if stream.pending or stream.trailers is not None:
-            self._flush(stream)
+            self._sender.flush(stream)
 
     def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
         if len(payload) != 8:
@@ -594,6 +590,10 @@ class GrpcConnection(asyncio.Protocol):
         2 hours while no call is open unless pings without calls are permitted."""
         policy = self._calls.pings
         now = self._calls.now
+        if self._sender.active:  # HEADERS or DATA went out: pings are welcome again
+            self._sender.active = False
+            self._last_ping_received = None
+            self._ping_strikes = 0
         last = self._last_ping_received
         self._last_ping_received = now
         if last is None:
@@ -643,132 +643,31 @@ class GrpcConnection(asyncio.Protocol):
         if not allowance.spend(self._calls.now):
             raise _ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"too many {what}")
 
-    # -- frames out ----------------------------------------------------------------------
-
-    def _write(self, data: bytes) -> None:
-        """Send ``data`` with everything else written before the loop goes back to the
-        socket: the answers of one batch leave in one send, not one each."""
-        out = self._out
-        if out is None:
-            self._out = [data]
-            self._schedule(self._send_out)  # type: ignore[misc]
-        else:
-            out.append(data)
-
-    def _send_out(self) -> None:
-        out, self._out = self._out, None
-        if out and not self.gone:
-            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+    # -- frames out (the Sender) ---------------------------------------------------------
 
     def respond(self, stream: GrpcStream, message: bytes) -> None:
-        """Answer a call with one message and status OK: one write when the message fits
-        the windows and one of the client's frames, as an infer answer usually does."""
-        if stream.state is StreamState.CLOSED:
-            return
-        self._last_ping_received = None  # HEADERS and DATA go out: pings are welcome again
-        self._ping_strikes = 0
-        size = len(message) + 5
-        if (
-            stream.phase is ResponsePhase.NOTHING_SENT and size <= self._peer_max_frame
-            and size <= stream.send_window and size <= self._send_window
-        ):
-            self._send_window -= size
-            stream_id = stream.id
-            self._write(b"".join((
-                frame(FrameType.HEADERS, _END_HEADERS, stream_id, RESPONSE_HEAD),
-                data_frame_header(size, stream_id), MESSAGE_PREFIX.pack(0, size - 5), message,
-                frame(FrameType.HEADERS, _END_HEADERS | _END_STREAM, stream_id, TRAILERS_OK),
-            )))
-            self._close_stream(stream)
-            return
-        self.send_message(stream, message)
-        self.finish(stream, Status.OK, "")
+        """Answer a call with one message and status OK (``Sender.respond``)."""
+        self._sender.respond(stream, message)
 
     def send_message(self, stream: GrpcStream, message: bytes) -> None:
-        """Queue one response message (sent as the client's window allows)."""
-        if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
-            return
-        self._last_ping_received = None
-        self._ping_strikes = 0
-        if stream.phase is ResponsePhase.NOTHING_SENT:
-            stream.phase = ResponsePhase.HEADERS_SENT
-            self._write(frame(FrameType.HEADERS, _END_HEADERS, stream.id, RESPONSE_HEAD))
-        stream.pending.append(memoryview(MESSAGE_PREFIX.pack(0, len(message)) + message))
-        stream.pending_bytes += len(message) + 5
-        self._flush(stream)
+        """Queue one response message, sent as the client's window allows."""
+        self._sender.send_message(stream, message)
 
     def finish(self, stream: GrpcStream, status: int, message: str) -> None:
         """End the call with its status (after the messages queued before it)."""
-        if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
-            return
-        block = literal(b"grpc-status", str(status).encode())
-        if message:
-            block += literal(b"grpc-message", percent_encoded(message))
-        if stream.phase is ResponsePhase.NOTHING_SENT:  # trailers-only
-            block = RESPONSE_HEAD + block
-        stream.phase = ResponsePhase.TRAILERS_QUEUED
-        stream.trailers = block
-        self._flush(stream)
+        self._sender.finish(stream, status, message)
 
     async def writable(self, stream: GrpcStream) -> None:
         """Wait while the stream holds more than its high-water mark of bytes the client
         has not let it send (a streaming writer's back-pressure)."""
-        high_water = self._limits.stream_high_water
-        while stream.pending_bytes > high_water and stream.state is not StreamState.CLOSED:
-            if stream.drained is None:
-                stream.drained = asyncio.Event()
-            stream.drained.clear()
-            await stream.drained.wait()
-
-    def _flush(self, stream: GrpcStream) -> None:
-        pending = stream.pending
-        write = self._write
-        max_frame = self._peer_max_frame
-        while pending:
-            allowed = min(stream.send_window, self._send_window, max_frame)
-            if allowed <= 0:
-                self._blocked[stream.id] = stream
-                return
-            chunk = pending[0]
-            size = min(allowed, len(chunk))
-            write(data_frame_header(size, stream.id) + chunk[:size])
-            if size == len(chunk):
-                pending.popleft()
-            else:
-                pending[0] = chunk[size:]
-            stream.send_window -= size
-            self._send_window -= size
-            stream.pending_bytes -= size
-        self._blocked.pop(stream.id, None)
-        if stream.drained is not None:
-            stream.drained.set()
-        if stream.trailers is not None:
-            self._write_header_block(stream.id, _END_STREAM, stream.trailers)
-            self._close_stream(stream)
-
-    def _flush_blocked(self) -> None:
-        for stream in list(self._blocked.values()):
-            if self._send_window <= 0:
-                return
-            self._flush(stream)
-
-    def _write_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        max_frame = self._peer_max_frame
-        if len(block) <= max_frame:
-            self._write(frame(FrameType.HEADERS, flags | _END_HEADERS, stream_id, block))
-            return
-        parts = [frame(FrameType.HEADERS, flags, stream_id, block[:max_frame])]
-        for offset in range(max_frame, len(block), max_frame):
-            last = offset + max_frame >= len(block)
-            parts.append(frame(_CONTINUATION, _END_HEADERS if last else 0, stream_id, block[offset:offset + max_frame]))
-        self._write(b"".join(parts))
+        await self._sender.writable(stream, self._limits.stream_high_water)
 
     # -- streams ending ------------------------------------------------------------------
 
     def _forget(self, stream: GrpcStream) -> None:
         """The stream is closed: its budget goes back, its writer wakes."""
         stream.state = StreamState.CLOSED
-        self._blocked.pop(stream.id, None)
+        self._sender.blocked.pop(stream.id, None)
         if stream.unacked and not self.gone:
             self._give_connection_window(stream.unacked)
             stream.unacked = 0
@@ -856,8 +755,9 @@ class GrpcConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if not self.gone:
-            self._send_out()
+            self._sender.send_out()
             self.state = ConnectionState.CLOSED
+            self._sender.closed = True
             self._transport.close()
 
     def _fail(self, code: int, reason: str) -> None:
