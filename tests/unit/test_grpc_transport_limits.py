@@ -376,3 +376,13 @@ def test_header_lists_past_the_advertised_size_close_the_connection(huffman: boo
     peer.send(raw(FrameType.HEADERS, 0, 1, block[:16384]) + raw(FrameType.CONTINUATION, 4, 1, block[16384:]))
     goaway = peer.goaway()
     assert goaway is not None and goaway[0] == code
+
+
+def test_a_call_reset_in_the_read_that_ended_it_is_never_started() -> None:
+    peer = Raw()
+    peer.calls.on_end = answer_with(b"ok")
+    reset = raw(FrameType.RST_STREAM, 0, 1, struct.pack(">L", ErrorCode.CANCEL))
+    peer.send(raw(FrameType.HEADERS, 4, 1, HEAD) + raw(FrameType.DATA, 1, 1, grpc_message(b"x")) + reset
+              + raw(FrameType.HEADERS, 4, 3, HEAD) + raw(FrameType.DATA, 1, 3, grpc_message(b"y")))
+    assert [(kind, stream) for kind, stream, _ in peer.calls.events if kind in ("end", "reset")] == [
+        ("reset", 1), ("end", 3)]

@@ -43,7 +43,7 @@ class TransportLimits:
     #: response bytes a stream may queue beyond the client's window before its writer waits
     stream_high_water: int = 1 << 20
     #: allowances: (burst, per second)
-    resets: tuple[int, float] = (1000, 33.0)
+    resets: tuple[int, float] = (200, 33.0)
     settings: tuple[int, float] = (100, 10.0)
     idle_frames: tuple[int, float] = (1000, 100.0)
     max_connections: int = _DEFAULTS.grpc_max_connections

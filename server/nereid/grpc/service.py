@@ -261,10 +261,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             for task in started:
                 task.cancel()
 
-    async def _stream_answers(self, request: Any, received_ns: int, started: list[asyncio.Task[Any]]) -> AsyncIterator[Any]:
+    def _stream_answers(self, request: Any, received_ns: int, started: list[asyncio.Task[Any]]) -> AsyncIterator[Any]:
         """The stream responses of one request, as they come (an in-band error on failure).
-        Its work starts at once (a task), so later requests do not wait for earlier ones
-        to be read out."""
+        Its work starts now (a task), so later requests do not wait for earlier ones to be
+        read out."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
 
@@ -290,8 +290,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         task = asyncio.create_task(run())
         started.append(task)
         task.add_done_callback(started.remove)
-        while (item := await queue.get()) is not done:
-            yield item
+
+        async def answers() -> AsyncIterator[Any]:
+            while (item := await queue.get()) is not done:
+                yield item
+
+        return answers()
 
     async def _decoupled(self, serving: ServingModel, request: Any, received_ns: int, send: Callable[[Any], None]) -> None:
         """A decoupled model's steps, each sent as it is made with ``triton_final_response``

@@ -141,6 +141,8 @@ class GrpcConnection(asyncio.Protocol):
         self._read_holds: set[str] = set()
         #: a stream whose message is inflating off the loop, and whether its frame ended it
         self._inflating: tuple[GrpcStream, bool] | None = None
+        #: streams whose client finished sending in the read being handled
+        self._ended: list[GrpcStream] = []
         now = calls.now
         self.opened_at = now
         #: when a frame last arrived (the server's coarse clock), and an unanswered PING's time
@@ -211,8 +213,11 @@ class GrpcConnection(asyncio.Protocol):
         try:
             position = self._frames(view)
         except _ConnectionError as error:
+            self._ended.clear()
             self._fail(error.code, error.reason)
             return
+        if self._ended:
+            self._tell_ended()
         if buffer:
             del buffer[:position]
         elif position < len(view):
@@ -308,7 +313,15 @@ class GrpcConnection(asyncio.Protocol):
         if stream.inbox:
             self._calls_error(stream, Status.INTERNAL, "Incomplete gRPC message at the end of the stream")
             return
-        self._tell(self._calls.end, stream)
+        self._ended.append(stream)  # told once this read is handled: a reset in it costs nothing
+
+    def _tell_ended(self) -> None:
+        """Calls whose client finished sending in the read just handled start now, unless
+        the same read reset them (rapid reset then costs no request started and withdrawn)."""
+        ended, self._ended = self._ended, []
+        for stream in ended:
+            if stream.state is StreamState.HALF_CLOSED_REMOTE:
+                self._tell(self._calls.end, stream)
 
     def _messages(self, stream: GrpcStream, data: bytes | bytearray) -> int:
         """Hand each complete gRPC message in ``data`` to the calls; the bytes taken (the
@@ -406,6 +419,7 @@ class GrpcConnection(asyncio.Protocol):
             self._give_window(stream)
             if ended:
                 self._remote_end(stream)
+                self._tell_ended()
         self._release_reading("inflating")
         if self._buffer and not self.gone:
             self.data_received(b"")
