@@ -24,8 +24,9 @@ or ``h2``'s client where flow control must be followed):
   pause while the server's RSS is past ``--rss-cap-mb``.
 
 A server still holding over ``--restart-over-mb`` after an attack is restarted before the
-next one; a started server gets one unrecorded perf_analyzer run first. Counts of frames "written" are what the kernel took: most of a flood's frames sit
-in socket buffers the server resets once it has said GOAWAY.
+next one; a started server gets one unrecorded perf_analyzer run first. Counts of frames
+"written" are what the kernel took: most of a flood's frames sit in socket buffers the
+server resets once it has said GOAWAY.
 
 Each attack runs for the length of one perf_analyzer measurement (it starts, settles,
 perf_analyzer runs, it stops). For each attack and engine a quiet run comes right before
@@ -363,11 +364,11 @@ class H2Peer:
             if self.consume:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
-            self.stats[f"RST_STREAM {code_name(event.error_code)}"] += 1
+            self.stats[f"RST_STREAM {code_name(int(event.error_code or 0))}"] += 1
             self.finished.add(event.stream_id)
         elif isinstance(event, h2.events.ConnectionTerminated):
             detail = (event.additional_data or b"").decode("latin-1")[:60]
-            self.stats[f"GOAWAY {code_name(event.error_code)}" + (f" ({detail})" if detail else "")] += 1
+            self.stats[f"GOAWAY {code_name(int(event.error_code or 0))}" + (f" ({detail})" if detail else "")] += 1
             self.ended = True
 
     def close(self) -> None:
@@ -509,7 +510,8 @@ class EmptyDataFlood(Attack):
         return [self._run]
 
     def _run(self) -> None:
-        self.flood(lambda peer: frame(HEADERS, END_HEADERS, 1, header_block(request_headers(peer.authority, MODEL_INFER))),
+        self.flood(lambda peer: frame(HEADERS, END_HEADERS, 1,
+                                      header_block(request_headers(peer.authority, MODEL_INFER))),
                    frame(DATA, 0, 1))
 
 
@@ -798,7 +800,8 @@ def measure_pair(name: str, server: Engine, pa_args: argparse.Namespace, args: a
                      else f"FAILED ({pair.failure})")
     bench.log(f"rep {repeat + 1} {name} @ {server.name}: quiet {quiet.throughput:,.0f} infer/s, attacked "
               f"{attacked_text} ({pair.ratio:.0%}); RSS {pair.rss_before_mb:.0f} -> peak {pair.rss_peak_mb:.0f} "
-              f"-> {pair.rss_after_mb:.0f} MB; {'up' if pair.up else 'DOWN'}; attacker {pair.attacker_cores:.2f} cores; "
+              f"-> {pair.rss_after_mb:.0f} MB; {'up' if pair.up else 'DOWN'}; "
+              f"attacker {pair.attacker_cores:.2f} cores; "
               f"{summarize_stats(pair.stats)}")
     return pair
 
@@ -846,6 +849,7 @@ def rows_of(pairs: list[Pair], attacks: list[str], engines: list[str]) -> list[d
                 "up": all(p.up for p in mine),
                 "attacker_cores": median([p.attacker_cores for p in mine]),
                 "failures": sorted({p.failure for p in mine if p.failure}),
+                "capped": any(key.startswith(("fill stopped", "paused")) for p in mine for key in p.stats),
                 "stats": mine[-1].stats,
             })
     return rows
@@ -865,7 +869,8 @@ def print_table(rows: list[dict[str, object]]) -> None:
         print(f"| {r['attack']} | {r['engine']} | {fmt(r['quiet'])} | {fmt(r['attacked'])} "
               f"| {float(r['kept']):.0%} ({each}{failed}) "  # type: ignore[arg-type]
               f"| {fmt(r['quiet_p99_ms'], 1)} / {fmt(r['attacked_p99_ms'], 1)} "
-              f"| {fmt(r['rss_before_mb'])} / {fmt(r['rss_peak_mb'])} / {fmt(r['rss_after_mb'])} "
+              f"| {fmt(r['rss_before_mb'])} / {fmt(r['rss_peak_mb'])}{' (cap)' if r['capped'] else ''} "
+              f"/ {fmt(r['rss_after_mb'])} "
               f"| {'yes' if r['up'] else 'NO'} | {fmt(r['attacker_cores'], 2)} |")
     print("\nwhat the attacker saw (last pair), and why a perf_analyzer run under attack failed:")
     for r in rows:
@@ -891,11 +896,29 @@ def write_csv(path: Path, pairs: list[Pair]) -> None:
     bench.log(f"pairs written to {path}")
 
 
+def read_csv(path: Path) -> list[Pair]:
+    """The pairs of an earlier run (``--csv``), to draw them again."""
+    pairs: list[Pair] = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            quiet_throughput = float(row["quiet_infer_per_s"])
+            quiet = bench.Run(row["engine"], 0, int(row["repeat"]), quiet_throughput == quiet_throughput,
+                              quiet_throughput, p99_us=float(row["quiet_p99_us"]))
+            ok = row["attacked_ok"] == "True"
+            attacked = bench.Run(row["engine"], 0, int(row["repeat"]), ok, float(row["attacked_infer_per_s"]),
+                                 p99_us=float(row["attacked_p99_us"] or "nan"), error="" if ok else row["error"])
+            pairs.append(Pair(row["attack"], row["engine"], int(row["repeat"]), quiet, attacked,
+                              float(row["rss_before_mb"]), float(row["rss_peak_mb"]), float(row["rss_after_mb"]),
+                              row["up"] == "True", float(row["attacker_cores"]), json.loads(row["attacker_saw"])))
+    return pairs
+
+
 def plot(path: Path, rows: list[dict[str, object]], attacks: list[str], engines: list[str]) -> None:
     """Top: attacked / quiet throughput (ratio of the medians) per attack, one bar per
     engine, each pair's own ratio as a dot ("failed": a perf_analyzer run under attack got
     no figure; a red cross: the server went down). Bottom: the server's peak RSS during
-    the attack (log scale), its RSS before as a tick."""
+    the attack (log scale), its RSS before as a tick; "(cap)": the attacker stopped sending
+    at ``--rss-cap-mb``, the server would have taken more."""
     try:
         import matplotlib
 
@@ -923,8 +946,8 @@ def plot(path: Path, rows: list[dict[str, object]], attacks: list[str], engines:
             ratio_axes.plot([x] * len(each), each, "k.", markersize=4)
             if not row["up"]:
                 ratio_axes.plot([x], [0.03], "rx", markersize=10)
-            rss_axes.annotate(f"{peak:,.0f}", (x, peak), textcoords="offset points", xytext=(0, 2), ha="center",
-                              fontsize=7)
+            rss_axes.annotate(f"{peak:,.0f}" + ("\n(cap)" if row["capped"] else ""), (x, peak),
+                              textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
             rss_axes.plot([x - width / 2, x + width / 2], [float(row["rss_before_mb"])] * 2, "k-",  # type: ignore[arg-type]
                           linewidth=1)
     ratio_axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -978,6 +1001,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--csv", default=None, help="write every pair here")
     p.add_argument("--plot", default=None, help="draw the attacked/quiet ratios here (PNG, needs matplotlib)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (server logs, perf_analyzer logs)")
+    p.add_argument("--from-csv", default=None,
+                   help="measure nothing: print the table and draw --plot from this earlier --csv")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -988,6 +1013,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_csv:
+        earlier = read_csv(Path(args.from_csv))
+        attacks = [a for a in ATTACKS if any(p.attack == a for p in earlier)]
+        engines = [e for e in ENGINES if any(p.engine == e for p in earlier)]
+        table = rows_of(earlier, attacks, engines)
+        print_table(table)
+        if args.plot:
+            plot(Path(args.plot), table, attacks, engines)
+        return 0
     pa_args = bench.parse_args([
         "--concurrency", str(args.concurrency), "--protocol", "grpc",
         "--measurement-interval", str(args.measurement_interval),
