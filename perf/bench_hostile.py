@@ -12,6 +12,7 @@ runs are interleaved ``--repeats`` times; the medians and their ratio are printe
     .venv/bin/python perf/bench_hostile.py --repeats 1 --measurement-interval 2000
 
 Uses bench_identity's server and perf_analyzer runner. Exit status as bench_identity's.
+The same over gRPC, one hostile HTTP/2 client at a time: bench_hostile_grpc.py.
 """
 
 from __future__ import annotations
