@@ -34,6 +34,10 @@ __all__ = ["DynamicBatcher", "Instance", "Outcome"]
 
 _log = logging.getLogger("nereid")
 
+#: The least time before a running batch is expected to end at which the next batch (not
+#: full) is formed and handed to its instance (``DynamicBatcher._staged``).
+_STAGE_LEAD_NS = 1_000_000
+
 
 class Outcome(Protocol):
     """What an instance reports for one batch: per-payload results, or one error."""
@@ -71,6 +75,8 @@ class _Running:
     batch: tuple[Pending, ...]
     task: asyncio.Task[Outcome | None]
     started: int
+    #: when the batch before it on its slot ended, if it was ready then (back to back)
+    after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,8 @@ class DynamicBatcher:
         self._executing = 0
         self._idle = 0  # slots waiting in _next_batch
         self._stagers: set[asyncio.Future[None]] = set()  # busy slots waiting for a full batch
+        self._late_stagers: set[asyncio.Future[None]] = set()  # ... for any batch (theirs is about to end)
+        self._typical_ns = 0  # how long a batch runs, lately (a moving average; 0: none ran yet)
         self._timer = clock.precise_timer(model_name)
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
@@ -251,6 +259,8 @@ class DynamicBatcher:
         if self._order is not None:
             self._order.track(pending)
         wake(self._arrival)
+        for waiter in self._late_stagers:
+            wake(waiter)
         if self._stagers and queue.full:
             for waiter in self._stagers:
                 wake(waiter)
@@ -293,12 +303,19 @@ class DynamicBatcher:
                     if batch:
                         following = self._launch(loop, instance, batch)
                 self._executing -= 1
-                self.stats.busy.add(ended - current.started)
+                # the instance's own times when it reports them, else as the loop saw them
+                began = getattr(outcome, "began_ns", 0) or current.started
+                finished = getattr(outcome, "ended_ns", 0) or ended
+                self.stats.busy.add(finished - began)
+                if outcome is not None and outcome.error is None:
+                    typical = self._typical_ns
+                    self._typical_ns = finished - began if not typical else (7 * typical + finished - began) // 8
+                if current.after is not None:  # it was ready when the batch before it ended
+                    self.stats.idle_between.add(max(0, began - current.after))
                 if following is not None:
-                    # back to back: the following batch started once this one ended (staged),
-                    # or now; the instance stood idle in between
+                    # back to back: it could start once this one ended (staged), or now
                     following.started = max(following.started, ended)
-                    self.stats.idle_between.add(following.started - ended)
+                    following.after = finished
                 if outcome is not None and self._retries(outcome, current.batch):
                     await self._rerun_each(instance, current.batch)
                 elif outcome is not None:
@@ -337,17 +354,25 @@ class DynamicBatcher:
         return _Running(batch, loop.create_task(self._run(instance, batch)), self._clock())
 
     async def _staged(self, loop: asyncio.AbstractEventLoop, instance: Instance, current: _Running) -> _Running | None:
-        """While ``current`` runs: the next batch, handed to the instance as soon as a full
-        one is queued (and no other slot is idle to take it); None if ``current`` returns
-        first."""
+        """While ``current`` runs: the next batch, handed to the instance early so that it
+        starts the moment ``current`` returns (unless another slot is idle to take it): a
+        full one as soon as it is queued; any batch Triton's rules let leave once
+        ``current`` is about to end (its expected duration, from the batches before it,
+        less a tenth of that or 1 ms at least). None if ``current`` returns first."""
         task = current.task
+        typical = self._typical_ns
+        due_at = current.started + typical - max(typical // 10, _STAGE_LEAD_NS) if typical else None
         while not task.done() and not self._closed:
-            if self._idle == 0 and self._queue.full:
-                batch = self._take_now(only_full=True)
+            late = due_at is not None and self._clock() >= due_at
+            if self._idle == 0 and (late or self._queue.full):
+                batch = self._take_now(only_full=not late)
                 if batch:
                     return self._launch(loop, instance, batch)
             waiter: asyncio.Future[None] = loop.create_future()
-            self._stagers.add(waiter)
+            # woken by an arrival (any, once late; else one that fills a batch), at due_at,
+            # or when current returns
+            (self._late_stagers if late else self._stagers).add(waiter)
+            timer = self._call_at(due_at / 1e9, wake, waiter) if due_at is not None and not late else None
 
             def returned(_: object, waiter: asyncio.Future[None] = waiter) -> None:
                 wake(waiter)
@@ -357,7 +382,10 @@ class DynamicBatcher:
                 await waiter
             finally:
                 self._stagers.discard(waiter)
+                self._late_stagers.discard(waiter)
                 task.remove_done_callback(returned)
+                if timer is not None:
+                    timer.cancel()
         return None
 
     def _take_now(self, only_full: bool = False) -> tuple[Pending, ...]:

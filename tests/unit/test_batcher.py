@@ -658,3 +658,36 @@ def test_the_returned_batch_is_answered_after_the_next_one_is_handed_to_the_inst
         assert batcher.stats.answer.count == 2 and batcher.stats.formation.count == 2
 
     run(scenario())
+
+
+def test_a_partial_batch_is_handed_over_once_the_running_one_is_about_to_end() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            clock.advance(50_000_000)  # batches take 50 ms
+            instance.release(0)
+            await until(lambda: batcher.executing == 0)
+            batcher.submit(1, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 2)
+            batcher.submit(2, None, lambda result, error: None)
+            clock.advance(44_999_999)
+            await settle()
+            assert len(instance.handed) == 2  # not full, and batch 2 is not about to end yet
+            clock.advance(1)  # 5 ms (a tenth) before batch 2 is expected to end
+            await until(lambda: len(instance.handed) == 3)
+            assert instance.handed[2] == (clock.monotonic_ns(), [2])
+            batcher.submit(3, None, lambda result, error: None)  # too late for batch 3
+            clock.advance(5_000_000)
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            assert instance.began[2] == clock.monotonic_ns()  # at once
+            instance.release(2)
+            await until(lambda: len(instance.began) == 4)
+            assert instance.handed[3][1] == [3]
+            instance.release(3)
+        assert batcher.stats.idle_between.as_json() == {"count": 2, "ns": 0}
+
+    run(scenario())
