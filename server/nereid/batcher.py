@@ -356,15 +356,19 @@ class DynamicBatcher:
     async def _staged(self, loop: asyncio.AbstractEventLoop, instance: Instance, current: _Running) -> _Running | None:
         """While ``current`` runs: the next batch, handed to the instance early so that it
         starts the moment ``current`` returns (unless another slot is idle to take it): a
-        full one as soon as it is queued; any batch Triton's rules let leave once
-        ``current`` is about to end (its expected duration, from the batches before it,
-        less a tenth of that or 1 ms at least). None if ``current`` returns first."""
+        full one as soon as it is queued; once ``current`` is about to end (its expected
+        duration, from the batches before it, less a tenth of that or 1 ms at least), a
+        batch Triton's rules let leave that is as large as ``current`` (the load of late:
+        when fewer are queued, the rest may still come before ``current`` ends). None if
+        ``current`` returns first."""
         task = current.task
         typical = self._typical_ns
         due_at = current.started + typical - max(typical // 10, _STAGE_LEAD_NS) if typical else None
+        size = sum(pending.cost for pending in current.batch)
         while not task.done() and not self._closed:
             late = due_at is not None and self._clock() >= due_at
-            if self._idle == 0 and (late or self._queue.full):
+            queue = self._queue
+            if self._idle == 0 and (queue.full or (late and queue.queued_cost >= size)):
                 batch = self._take_now(only_full=not late)
                 if batch:
                     return self._launch(loop, instance, batch)

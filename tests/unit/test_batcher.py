@@ -691,3 +691,31 @@ def test_a_partial_batch_is_handed_over_once_the_running_one_is_about_to_end() -
         assert batcher.stats.idle_between.as_json() == {"count": 2, "ns": 0}
 
     run(scenario())
+
+
+def test_late_a_partial_batch_smaller_than_the_running_one_waits_for_more_or_for_the_end() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for item in (0, 1):
+                batcher.submit(item, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            clock.advance(50_000_000)
+            instance.release(0)  # batches of 2 take 50 ms
+            await until(lambda: batcher.executing == 0)
+            for item in (2, 3):
+                batcher.submit(item, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 2)
+            batcher.submit(4, None, lambda result, error: None)
+            clock.advance(46_000_000)  # past the point where batch 2 is about to end
+            await settle()
+            assert len(instance.handed) == 2  # one request queued, two running: more may come
+            batcher.submit(5, None, lambda result, error: None)
+            await until(lambda: len(instance.handed) == 3)
+            assert instance.handed[2][1] == [4, 5]
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            instance.release(2)
+
+    run(scenario())
