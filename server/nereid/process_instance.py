@@ -161,6 +161,7 @@ class ProcessInstance:
             return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
         slot = await self.worker.take_slot_on_loop()
         t1 = time.monotonic_ns()
+        handed_on = False  # the slot went straight to the next batch, waiting for it
         try:
             specs = write_arrays(slot.inputs, inputs)
             slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
@@ -175,8 +176,10 @@ class ProcessInstance:
             if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
                 self._release_after_reply(slot)
             else:
-                self.worker.release(slot)
+                handed_on = self.worker.release(slot)
         t2 = time.monotonic_ns()
+        if handed_on:
+            await asyncio.sleep(0)  # the next batch goes to the process before this one is split
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:

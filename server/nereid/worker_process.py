@@ -16,6 +16,7 @@ Knows nothing about batches or their outputs (``process_instance.py``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -112,6 +113,9 @@ class WorkerProcess:
         self._slots: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._ready_on_loop: asyncio.Event | None = None  # _ready, for batches driven from the loop
+        self._loop_thread = 0  # the loop's thread (release() is called from instance threads too)
+        #: batches on the loop waiting for a slot, first come first served
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lock = threading.Lock()
         self._closing = False
         self._backoff_s = _BACKOFF_FIRST_S
@@ -124,6 +128,7 @@ class WorkerProcess:
         """Start the process; once its Model is built, what it learnt of the class (and
         the supervisor watches it). Raises ModelLoadError with the cause."""
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._ready_on_loop = asyncio.Event()
         traits = await asyncio.to_thread(self._spawn)
         threading.Thread(target=self._supervise, name=f"{self.name}-supervisor", daemon=True).start()
@@ -230,13 +235,22 @@ class WorkerProcess:
         process.close_channels()
 
     async def take_slot_on_loop(self) -> Slot:
-        assert self._ready_on_loop is not None
+        """A free slot, awaited on the loop: a batch handed over while the slots are busy
+        gets one the moment one is released (a release wakes the first waiter)."""
+        assert self._ready_on_loop is not None and self.loop is not None
         while True:
             await self._ready_on_loop.wait()
             try:
                 slot = self._slots.get_nowait()
-            except queue.Empty:  # between a restart's slots and its ready: look again shortly
-                await asyncio.sleep(0.001)
+            except queue.Empty:
+                freed: asyncio.Future[None] = self.loop.create_future()
+                self._slot_waiters.append(freed)
+                try:
+                    # released, or (between a restart's slots and its ready) look again shortly
+                    await asyncio.wait((freed,), timeout=0.05)
+                finally:
+                    if freed in self._slot_waiters:
+                        self._slot_waiters.remove(freed)
                 continue
             if slot.generation == self.generation:
                 return slot
@@ -248,9 +262,26 @@ class WorkerProcess:
             if slot.generation == self.generation:
                 return slot
 
-    def release(self, slot: Slot) -> None:
-        if slot.generation == self.generation:
-            self._slots.put(slot)
+    def release(self, slot: Slot) -> bool:
+        """Put ``slot`` back (from the loop or an instance thread) and wake a batch waiting
+        for one on the loop: True if one was waiting."""
+        if slot.generation != self.generation:
+            return False
+        self._slots.put(slot)
+        if not self._slot_waiters:
+            return False
+        if self._loop_thread == threading.get_ident():
+            self._wake_slot_waiter()
+        else:
+            self._on_loop(self._wake_slot_waiter)
+        return True
+
+    def _wake_slot_waiter(self) -> None:
+        while self._slot_waiters:
+            freed = self._slot_waiters.popleft()
+            if not freed.done():
+                freed.set_result(None)
+                return
 
     def _mark_dead(self, process: _Process) -> None:
         """No batch goes to ``process`` any more: its slots are dropped, new batches wait
