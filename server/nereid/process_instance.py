@@ -98,7 +98,11 @@ class ProcessInstance:
         #: slot (its process starts it as soon as the reply to the one before is read).
         self.queues_batches = True
         self.model_class: ModelClass | None = None
-        self.worker = WorkerProcess(model_file, context, self.capacity + 1)  # + the control channel
+        # Two batch slots per batch it may run: the batcher hands the next batch over while
+        # the current one runs, and it waits in the process, inputs in, for its turn (not
+        # under an execution timeout, which counts from the moment a batch is sent).
+        slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
+        self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
         self._threads = _InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
         self._cost_generation = -1

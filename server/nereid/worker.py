@@ -109,6 +109,9 @@ class _Worker:
         cls = self.model_class.cls
         self.model: Any = None
         self.send_lock = threading.Lock()  # a decoupled Triton model's senders write from their own threads
+        #: batches that may run at once (the instance's max_concurrent_batches): a batch sent
+        #: ahead waits here, its inputs in (and on the device), for the one before to end
+        self.turns = threading.Semaphore(init.get("concurrency") or len(channels))
         try:
             if self.model_class.triton:
                 self.model = TritonModel(cls, self.context)
@@ -151,10 +154,12 @@ class _Worker:
                 self._close(channel)
                 return
             if kind == "triton":
-                self._triton(channel, message[1])
+                with self.turns:
+                    self._triton(channel, message[1])
                 continue
             if kind == "triton-stream":
-                self._triton_stream(channel, message[1])
+                with self.turns:
+                    self._triton_stream(channel, message[1])
                 continue
             assert inputs_arena is not None
             inputs = read_arrays(inputs_arena, message[1], copy=False)
@@ -167,9 +172,11 @@ class _Worker:
             if kind == "batch_size":
                 self._reply(channel, "batch_size", lambda: self.model.batch_size(inputs))
             elif kind == "infer":
-                self._infer(channel, outputs_arena, inputs, message[2])
+                with self.turns:
+                    self._infer(channel, outputs_arena, inputs, message[2])
             elif kind == "stream":
-                self._stream(channel, outputs_arena, inputs, message[2])
+                with self.turns:
+                    self._stream(channel, outputs_arena, inputs, message[2])
 
     def _call(self, fn: Any, *args: Any) -> Any:
         result = fn(*args)

@@ -55,7 +55,7 @@ def describe_exit(returncode: int) -> str:
 class _Process:
     """One started worker process and its channels (one per slot)."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
+    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int) -> None:
         pairs = [socket_pair() for _ in range(slots)]
         child_fds = [pair[1].fileno() for pair in pairs]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -68,7 +68,8 @@ class _Process:
         self.channels = [Channel(pair[0]) for pair in pairs]
         #: the slots made from these channels (all but the first, which is for control).
         self.slots: list[Slot] = []
-        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings()})
+        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings(),
+                               "concurrency": concurrency})
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -98,11 +99,15 @@ class Slot:
 class WorkerProcess:
     """The current process of one instance, its slots, and its supervisor."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
+    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None) -> None:
+        """``slots`` channels (the first for control); at most ``concurrency`` batches run
+        at once in the process (None: one per batch slot), the others wait there for
+        their turn, their inputs already in."""
         self.model_file = model_file
         self.context = context
         self.name = context.instance_name
         self.slot_count = slots
+        self.concurrency = concurrency if concurrency is not None else slots - 1
         self.restarts = 0
         #: why the instance cannot serve right now (None: it can).
         self.problem: str | None = "starting"
@@ -140,7 +145,7 @@ class WorkerProcess:
 
     def _spawn(self) -> dict[str, Any]:
         """Start a process and wait for its "ready" (runs on a thread)."""
-        process = _Process(self.model_file, self.context, self.slot_count)  # + one channel for batch_size
+        process = _Process(self.model_file, self.context, self.slot_count, self.concurrency)  # + one channel for batch_size
         try:
             message, _ = process.channels[0].recv(_START_TIMEOUT_S)
         except (ChannelClosed, TimeoutError) as exc:
