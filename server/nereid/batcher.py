@@ -77,6 +77,8 @@ class _Running:
     started: int
     #: when the batch before it on its slot ended, if it was ready then (back to back)
     after: int | None = None
+    #: handed over ahead of time and not begun: its requests still count as queued
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +157,9 @@ class DynamicBatcher:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting in the queue now."""
-        return len(self._queue)
+        """Requests waiting now: in the queue, or in a batch handed to an instance ahead of
+        time that has not begun."""
+        return len(self._queue) + self._queue.held
 
     @property
     def executing(self) -> int:
@@ -283,7 +286,10 @@ class DynamicBatcher:
             await self._stream_worker(instance)
             return
         loop = asyncio.get_running_loop()
-        stage = bool(getattr(instance, "queues_batches", False)) and (
+        # Ahead of time only where nothing times a wait: a request's queue timeout (it must
+        # be able to expire until its batch begins) or an execution timeout the instance does
+        # not enforce itself (it would count the wait for the batch before).
+        stage = bool(getattr(instance, "queues_batches", False)) and not self._queue.timed and (
             self._timeout_s is None or getattr(instance, "enforces_timeout", False))
         current: _Running | None = None
         following: _Running | None = None
@@ -316,6 +322,7 @@ class DynamicBatcher:
                     # back to back: it could start once this one ended (staged), or now
                     following.started = max(following.started, ended)
                     following.after = finished
+                    self._begun(following)
                 if outcome is not None and self._retries(outcome, current.batch):
                     await self._rerun_each(instance, current.batch)
                 elif outcome is not None:
@@ -324,6 +331,7 @@ class DynamicBatcher:
         except asyncio.CancelledError:  # aclose gave up on them: their requests get an answer
             for running in (current, following):
                 if running is not None:
+                    self._begun(running)
                     running.task.cancel()
                     for pending in running.batch:
                         self._fail(pending, UnavailableError(
@@ -346,6 +354,12 @@ class DynamicBatcher:
                 raise
             finally:
                 self._executing -= 1
+
+    def _begun(self, running: _Running) -> None:
+        """A batch handed over ahead of time began: its requests no longer count as queued."""
+        if running.held:
+            running.held = False
+            self._queue.release(running.batch)
 
     def _launch(self, loop: asyncio.AbstractEventLoop, instance: Instance, batch: tuple[Pending, ...]) -> _Running:
         """Hand ``batch`` to ``instance`` (its task starts on the loop's next turn, before any
@@ -371,7 +385,10 @@ class DynamicBatcher:
             if self._idle == 0 and (queue.full or (late and queue.queued_cost >= size)):
                 batch = self._take_now(only_full=not late)
                 if batch:
-                    return self._launch(loop, instance, batch)
+                    queue.hold(batch)
+                    staged = self._launch(loop, instance, batch)
+                    staged.held = True
+                    return staged
             waiter: asyncio.Future[None] = loop.create_future()
             # woken by an arrival (any, once late; else one that fills a batch), at due_at,
             # or when current returns

@@ -590,12 +590,14 @@ def test_a_full_batch_is_handed_to_the_instance_while_the_current_one_runs_and_s
             # a full batch queued: formed and handed over now, while batch 1 still runs
             await until(lambda: len(instance.handed) == 2)
             assert instance.handed[1] == (clock.monotonic_ns(), [4, 5, 6, 7])
-            assert batcher.queue_depth == 0 and instance.began == [clock.monotonic_ns() - 10_000_000]
+            assert instance.began == [clock.monotonic_ns() - 10_000_000]
+            assert batcher.queue_depth == 4  # handed over, not begun: they still wait
             clock.advance(40_000_000)
             instance.release(0)
             # batch 2 begins as batch 1 returns: no time passes in between
             await until(lambda: len(instance.began) == 2)
             assert instance.began[1] == clock.monotonic_ns()
+            assert batcher.queue_depth == 0
             await until(lambda: len(answers) == 4)
             clock.advance(50_000_000)
             instance.release(1)
@@ -714,6 +716,29 @@ def test_late_a_partial_batch_smaller_than_the_running_one_waits_for_more_or_for
             batcher.submit(5, None, lambda result, error: None)
             await until(lambda: len(instance.handed) == 3)
             assert instance.handed[2][1] == [4, 5]
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            instance.release(2)
+
+    run(scenario())
+
+
+def test_requests_handed_over_ahead_of_time_still_count_against_max_queue_size() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        policy = QueuePolicy(max_queue_size=1)
+        async with make([instance], max_batch_size=1, clock=clock, max_queue_delay_microseconds=0,
+                        default_queue_policy=policy) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            batcher.submit(1, None, lambda result, error: None)  # a full batch: handed over at once
+            await until(lambda: len(instance.handed) == 2)
+            with pytest.raises(QueueFullError):
+                batcher.submit(2, None, lambda result, error: None)
+            instance.release(0)
+            await until(lambda: len(instance.began) == 2)
+            batcher.submit(3, None, lambda result, error: None)  # batch 2 began: room again
             instance.release(1)
             await until(lambda: len(instance.began) == 3)
             instance.release(2)
