@@ -79,6 +79,8 @@ class _Running:
     after: int | None = None
     #: handed over ahead of time and not begun: its requests still count as queued
     held: bool = False
+    #: handed over ahead of time (while the batch before it ran)
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,7 @@ class DynamicBatcher:
         self._stagers: set[asyncio.Future[None]] = set()  # busy slots waiting for a full batch
         self._late_stagers: set[asyncio.Future[None]] = set()  # ... for any batch (theirs is about to end)
         self._typical_ns = 0  # how long a batch runs, lately (a moving average; 0: none ran yet)
+        self._last_arrival_ns = 0
         self._timer = clock.precise_timer(model_name)
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
@@ -261,6 +264,7 @@ class DynamicBatcher:
             raise
         if self._order is not None:
             self._order.track(pending)
+        self._last_arrival_ns = now
         wake(self._arrival)
         for waiter in self._late_stagers:
             wake(waiter)
@@ -371,29 +375,36 @@ class DynamicBatcher:
         """While ``current`` runs: the next batch, handed to the instance early so that it
         starts the moment ``current`` returns (unless another slot is idle to take it): a
         full one as soon as it is queued; once ``current`` is about to end (its expected
-        duration, from the batches before it, less a tenth of that or 1 ms at least), a
-        batch Triton's rules let leave that is as large as ``current`` (the load of late:
-        when fewer are queued, the rest may still come before ``current`` ends). None if
-        ``current`` returns first."""
+        duration, from the batches before it, less a tenth of that or 1 ms at least:
+        ``lead``), a batch Triton's rules let leave, when it is as large as ``current``
+        or nothing arrived for ``lead`` (until then, more may come before ``current``
+        ends). None if ``current`` returns first."""
         task = current.task
         typical = self._typical_ns
-        due_at = current.started + typical - max(typical // 10, _STAGE_LEAD_NS) if typical else None
+        lead = max(typical // 10, _STAGE_LEAD_NS)
+        # it began when the batch before it ended, by the instance's own clock, if it was
+        # handed over ahead of time (the loop may see that end late); else when handed over
+        began = current.after if current.ahead and current.after is not None else current.started
+        due_at = began + typical - lead if typical else None
         size = sum(pending.cost for pending in current.batch)
+        queue = self._queue
         while not task.done() and not self._closed:
-            late = due_at is not None and self._clock() >= due_at
-            queue = self._queue
-            if self._idle == 0 and (queue.full or (late and queue.queued_cost >= size)):
+            now = self._clock()
+            late = due_at is not None and now >= due_at
+            quiet_at = self._last_arrival_ns + lead
+            if self._idle == 0 and (queue.full or (late and (queue.queued_cost >= size or now >= quiet_at))):
                 batch = self._take_now(only_full=not late)
                 if batch:
                     queue.hold(batch)
                     staged = self._launch(loop, instance, batch)
-                    staged.held = True
+                    staged.held = staged.ahead = True
                     return staged
             waiter: asyncio.Future[None] = loop.create_future()
-            # woken by an arrival (any, once late; else one that fills a batch), at due_at,
-            # or when current returns
+            # woken by an arrival (any, once late; else one that fills a batch), when it is
+            # due (or, late, when arrivals have been quiet for lead), or when current returns
             (self._late_stagers if late else self._stagers).add(waiter)
-            timer = self._call_at(due_at / 1e9, wake, waiter) if due_at is not None and not late else None
+            wake_at = (max(quiet_at, now) if late else due_at) if due_at is not None else None
+            timer = self._call_at(wake_at / 1e9, wake, waiter) if wake_at is not None else None
 
             def returned(_: object, waiter: asyncio.Future[None] = waiter) -> None:
                 wake(waiter)

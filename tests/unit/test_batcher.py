@@ -695,7 +695,7 @@ def test_a_partial_batch_is_handed_over_once_the_running_one_is_about_to_end() -
     run(scenario())
 
 
-def test_late_a_partial_batch_smaller_than_the_running_one_waits_for_more_or_for_the_end() -> None:
+def test_late_a_partial_batch_smaller_than_the_running_one_waits_until_arrivals_pause() -> None:
     async def scenario() -> None:
         clock = ManualClock()
         instance = QueueingInstance(clock)
@@ -704,21 +704,26 @@ def test_late_a_partial_batch_smaller_than_the_running_one_waits_for_more_or_for
                 batcher.submit(item, None, lambda result, error: None)
             await until(lambda: len(instance.began) == 1)
             clock.advance(50_000_000)
-            instance.release(0)  # batches of 2 take 50 ms
+            instance.release(0)  # batches of 2 take 50 ms: the next one is due 5 ms before its end
             await until(lambda: batcher.executing == 0)
             for item in (2, 3):
                 batcher.submit(item, None, lambda result, error: None)
             await until(lambda: len(instance.began) == 2)
+            clock.advance(44_000_000)
             batcher.submit(4, None, lambda result, error: None)
-            clock.advance(46_000_000)  # past the point where batch 2 is about to end
+            clock.advance(2_000_000)  # past the due point, but request 4 came 2 ms ago
             await settle()
-            assert len(instance.handed) == 2  # one request queued, two running: more may come
-            batcher.submit(5, None, lambda result, error: None)
+            assert len(instance.handed) == 2  # one queued, two running: more may still come
+            clock.advance(3_000_000)  # 5 ms without an arrival
             await until(lambda: len(instance.handed) == 3)
-            assert instance.handed[2][1] == [4, 5]
+            assert instance.handed[2] == (clock.monotonic_ns(), [4])
+            batcher.submit(5, None, lambda result, error: None)
             instance.release(1)
             await until(lambda: len(instance.began) == 3)
             instance.release(2)
+            await until(lambda: len(instance.began) == 4)
+            assert instance.handed[3][1] == [5]
+            instance.release(3)
 
     run(scenario())
 
