@@ -172,8 +172,7 @@ class _Worker:
             if kind == "batch_size":
                 self._reply(channel, "batch_size", lambda: self.model.batch_size(inputs))
             elif kind == "infer":
-                with self.turns:
-                    self._infer(channel, outputs_arena, inputs, message[2])
+                self._infer(channel, outputs_arena, inputs, message[2])
             elif kind == "stream":
                 with self.turns:
                     self._stream(channel, outputs_arena, inputs, message[2])
@@ -196,12 +195,19 @@ class _Worker:
             channel.send(self._fault(stage, exc))
 
     def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
-        try:
-            raw = self._call(self.model.infer, inputs, *params)
-        except BaseException as exc:
-            channel.send(self._fault("infer", exc))
+        """One batch: its turn is held while the model runs and its outputs come to the
+        host, then given to the next batch before these outputs are written and sent."""
+        outputs: Any = None
+        error: tuple[str, str, str] | None = None
+        with self.turns:
+            try:
+                outputs = worker_outputs(self._call(self.model.infer, inputs, *params))
+            except BaseException as exc:
+                error = self._fault("infer", exc)
+        if error is not None:
+            channel.send(error)
             return
-        self._send_outputs(channel, arena, "ok", worker_outputs(raw))
+        self._send_outputs(channel, arena, "ok", outputs)
 
     def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any) -> None:
         """Numpy outputs through the arena; anything else (and object arrays of other
