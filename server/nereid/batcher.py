@@ -2,7 +2,10 @@
 
 Forms batches from the model's queue and hands them to idle instances; each instance
 slot, when free, forms its own next batch, so instances never fragment each other's
-batches. Decisions: request_queue.py (pure); time: clock.py; each request waits as a
+batches. Pipelined: a slot hands its instance the next batch before it answers the one
+that returned, and, on an instance that queues batches, while the current one still runs
+(``_staged``), so the instance never waits for Python between batches.
+Decisions: request_queue.py (pure); time: clock.py; each request waits as a
 ``Pending`` answered through its ``Answer`` (pending.py); instances sit behind a small
 protocol. Generic payloads (model_loader.batcher_for: InferRequests); no HTTP, no JSON.
 """
