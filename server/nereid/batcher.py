@@ -2,7 +2,10 @@
 
 Forms batches from the model's queue and hands them to idle instances; each instance
 slot, when free, forms its own next batch, so instances never fragment each other's
-batches. Decisions: request_queue.py (pure); time: clock.py; each request waits as a
+batches. Pipelined: a slot hands its instance the next batch before it answers the one
+that returned, and, on an instance that queues batches, while the current one still runs
+(``_staged``), so the instance never waits for Python between batches.
+Decisions: request_queue.py (pure); time: clock.py; each request waits as a
 ``Pending`` answered through its ``Answer`` (pending.py); instances sit behind a small
 protocol. Generic payloads (model_loader.batcher_for: InferRequests); no HTTP, no JSON.
 """
@@ -33,6 +36,10 @@ from nereid.stats import ModelStats
 __all__ = ["DynamicBatcher", "Instance", "Outcome"]
 
 _log = logging.getLogger("nereid")
+
+#: The least time before a running batch is expected to end at which the next batch (not
+#: full) is formed and handed to its instance (``DynamicBatcher._staged``).
+_STAGE_LEAD_NS = 1_000_000
 
 
 class Outcome(Protocol):
@@ -71,6 +78,12 @@ class _Running:
     batch: tuple[Pending, ...]
     task: asyncio.Task[Outcome | None]
     started: int
+    #: when the batch before it on its slot ended, if it was ready then (back to back)
+    after: int | None = None
+    #: handed over ahead of time and not begun: its requests still count as queued
+    held: bool = False
+    #: handed over ahead of time (while the batch before it ran)
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,9 @@ class DynamicBatcher:
         self._executing = 0
         self._idle = 0  # slots waiting in _next_batch
         self._stagers: set[asyncio.Future[None]] = set()  # busy slots waiting for a full batch
+        self._late_stagers: set[asyncio.Future[None]] = set()  # ... for any batch (theirs is about to end)
+        self._typical_ns = 0  # how long a batch runs, lately (a moving average; 0: none ran yet)
+        self._last_arrival_ns = 0
         self._timer = clock.precise_timer(model_name)
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
@@ -147,8 +163,9 @@ class DynamicBatcher:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting in the queue now."""
-        return len(self._queue)
+        """Requests waiting now: in the queue, or in a batch handed to an instance ahead of
+        time that has not begun."""
+        return len(self._queue) + self._queue.held
 
     @property
     def executing(self) -> int:
@@ -250,7 +267,10 @@ class DynamicBatcher:
             raise
         if self._order is not None:
             self._order.track(pending)
+        self._last_arrival_ns = now
         wake(self._arrival)
+        for waiter in self._late_stagers:
+            wake(waiter)
         if self._stagers and queue.full:
             for waiter in self._stagers:
                 wake(waiter)
@@ -273,7 +293,10 @@ class DynamicBatcher:
             await self._stream_worker(instance)
             return
         loop = asyncio.get_running_loop()
-        stage = bool(getattr(instance, "queues_batches", False)) and (
+        # Ahead of time only where nothing times a wait: a request's queue timeout (it must
+        # be able to expire until its batch begins) or an execution timeout the instance does
+        # not enforce itself (it would count the wait for the batch before).
+        stage = bool(getattr(instance, "queues_batches", False)) and not self._queue.timed and (
             self._timeout_s is None or getattr(instance, "enforces_timeout", False))
         current: _Running | None = None
         following: _Running | None = None
@@ -293,12 +316,20 @@ class DynamicBatcher:
                     if batch:
                         following = self._launch(loop, instance, batch)
                 self._executing -= 1
-                self.stats.busy.add(ended - current.started)
+                # the instance's own times when it reports them, else as the loop saw them
+                began = getattr(outcome, "began_ns", 0) or current.started
+                finished = getattr(outcome, "ended_ns", 0) or ended
+                self.stats.busy.add(finished - began)
+                if outcome is not None and outcome.error is None:
+                    typical = self._typical_ns
+                    self._typical_ns = finished - began if not typical else (7 * typical + finished - began) // 8
+                if current.after is not None:  # it was ready when the batch before it ended
+                    self.stats.idle_between.add(max(0, began - current.after))
                 if following is not None:
-                    # back to back: the following batch started once this one ended (staged),
-                    # or now; the instance stood idle in between
+                    # back to back: it could start once this one ended (staged), or now
                     following.started = max(following.started, ended)
-                    self.stats.idle_between.add(following.started - ended)
+                    following.after = finished
+                    self._begun(following)
                 if outcome is not None and self._retries(outcome, current.batch):
                     await self._rerun_each(instance, current.batch)
                 elif outcome is not None:
@@ -307,6 +338,7 @@ class DynamicBatcher:
         except asyncio.CancelledError:  # aclose gave up on them: their requests get an answer
             for running in (current, following):
                 if running is not None:
+                    self._begun(running)
                     running.task.cancel()
                     for pending in running.batch:
                         self._fail(pending, UnavailableError(
@@ -330,6 +362,12 @@ class DynamicBatcher:
             finally:
                 self._executing -= 1
 
+    def _begun(self, running: _Running) -> None:
+        """A batch handed over ahead of time began: its requests no longer count as queued."""
+        if running.held:
+            running.held = False
+            self._queue.release(running.batch)
+
     def _launch(self, loop: asyncio.AbstractEventLoop, instance: Instance, batch: tuple[Pending, ...]) -> _Running:
         """Hand ``batch`` to ``instance`` (its task starts on the loop's next turn, before any
         answer queued after it with call_soon)."""
@@ -337,17 +375,39 @@ class DynamicBatcher:
         return _Running(batch, loop.create_task(self._run(instance, batch)), self._clock())
 
     async def _staged(self, loop: asyncio.AbstractEventLoop, instance: Instance, current: _Running) -> _Running | None:
-        """While ``current`` runs: the next batch, handed to the instance as soon as a full
-        one is queued (and no other slot is idle to take it); None if ``current`` returns
-        first."""
+        """While ``current`` runs: the next batch, handed to the instance early so that it
+        starts the moment ``current`` returns (unless another slot is idle to take it): a
+        full one as soon as it is queued; once ``current`` is about to end (its expected
+        duration, from the batches before it, less a tenth of that or 1 ms at least:
+        ``lead``), a batch Triton's rules let leave, when it is as large as ``current``
+        or nothing arrived for ``lead`` (until then, more may come before ``current``
+        ends). None if ``current`` returns first."""
         task = current.task
+        typical = self._typical_ns
+        lead = max(typical // 10, _STAGE_LEAD_NS)
+        # it began when the batch before it ended, by the instance's own clock, if it was
+        # handed over ahead of time (the loop may see that end late); else when handed over
+        began = current.after if current.ahead and current.after is not None else current.started
+        due_at = began + typical - lead if typical else None
+        size = sum(pending.cost for pending in current.batch)
+        queue = self._queue
         while not task.done() and not self._closed:
-            if self._idle == 0 and self._queue.full:
-                batch = self._take_now(only_full=True)
+            now = self._clock()
+            late = due_at is not None and now >= due_at
+            quiet_at = self._last_arrival_ns + lead
+            if self._idle == 0 and (queue.full or (late and (queue.queued_cost >= size or now >= quiet_at))):
+                batch = self._take_now(only_full=not late)
                 if batch:
-                    return self._launch(loop, instance, batch)
+                    queue.hold(batch)
+                    staged = self._launch(loop, instance, batch)
+                    staged.held = staged.ahead = True
+                    return staged
             waiter: asyncio.Future[None] = loop.create_future()
-            self._stagers.add(waiter)
+            # woken by an arrival (any, once late; else one that fills a batch), when it is
+            # due (or, late, when arrivals have been quiet for lead), or when current returns
+            (self._late_stagers if late else self._stagers).add(waiter)
+            wake_at = (max(quiet_at, now) if late else due_at) if due_at is not None else None
+            timer = self._call_at(wake_at / 1e9, wake, waiter) if wake_at is not None else None
 
             def returned(_: object, waiter: asyncio.Future[None] = waiter) -> None:
                 wake(waiter)
@@ -357,7 +417,10 @@ class DynamicBatcher:
                 await waiter
             finally:
                 self._stagers.discard(waiter)
+                self._late_stagers.discard(waiter)
                 task.remove_done_callback(returned)
+                if timer is not None:
+                    timer.cancel()
         return None
 
     def _take_now(self, only_full: bool = False) -> tuple[Pending, ...]:

@@ -14,6 +14,7 @@ drain timeout) goes on up as a cancellation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -45,13 +46,17 @@ StepSink = Callable[[list[dict[str, np.ndarray]], list[bool]], None]
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     """The result of one execution: per-request outputs (same order as the requests), or
-    the error that failed the whole batch; and the three compute durations."""
+    the error that failed the whole batch; the three compute durations; and when the
+    instance began and ended it (``time.monotonic_ns``; 0: not known), which the batcher
+    counts as the instance's busy and idle time."""
 
     outputs: list[dict[str, np.ndarray]] | None
     error: NereidError | None
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+    began_ns: int = 0
+    ended_ns: int = 0
 
 
 class _InstanceThreads:
@@ -286,7 +291,8 @@ class ModelInstance:
             raw = self._infer(inputs, *self._parameters(requests))
         except BaseException as exc:  # on the instance thread: all of it is the model's
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
-        return self._split(raw, requests, t0, t1, time.monotonic_ns())
+        outcome = self._split(raw, requests, t0, t1, time.monotonic_ns())
+        return dataclasses.replace(outcome, began_ns=t0, ended_ns=time.monotonic_ns())
 
     async def _run_async(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         t0 = time.monotonic_ns()

@@ -98,7 +98,11 @@ class ProcessInstance:
         #: slot (its process starts it as soon as the reply to the one before is read).
         self.queues_batches = True
         self.model_class: ModelClass | None = None
-        self.worker = WorkerProcess(model_file, context, self.capacity + 1)  # + the control channel
+        # Two batch slots per batch it may run: the batcher hands the next batch over while
+        # the current one runs, and it waits in the process, inputs in, for its turn (not
+        # under an execution timeout, which counts from the moment a batch is sent).
+        slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
+        self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
         self._threads = _InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
         self._cost_generation = -1
@@ -161,6 +165,7 @@ class ProcessInstance:
             return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
         slot = await self.worker.take_slot_on_loop()
         t1 = time.monotonic_ns()
+        handed_on = False  # the slot went straight to the next batch, waiting for it
         try:
             specs = write_arrays(slot.inputs, inputs)
             slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
@@ -175,15 +180,18 @@ class ProcessInstance:
             if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
                 self._release_after_reply(slot)
             else:
-                self.worker.release(slot)
+                handed_on = self.worker.release(slot)
         t2 = time.monotonic_ns()
+        if handed_on:
+            await asyncio.sleep(0)  # the next batch goes to the process before this one is split
         try:
             outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         self.worker.succeeded()
-        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        ended = time.monotonic_ns()
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, ended - t2, began_ns=t1, ended_ns=ended)
 
     async def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         """A TritonPythonModel's batch in the process: the requests go pickled, each comes

@@ -99,6 +99,9 @@ class RequestQueue(Generic[Entry]):
         self._normal: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
         self._delayed: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
         self._sizes: dict[int, int] = {level: 0 for level in self.levels}
+        #: per level: requests taken in a batch that was handed to an instance ahead of time
+        #: and has not begun yet: still waiting, so they count against max_queue_size
+        self._held: dict[int, int] = {level: 0 for level in self.levels}
         self._deadlines: list[tuple[int, int, Entry]] = []
         self._live = 0
         #: the summed cost of the live requests (what ``full`` compares)
@@ -152,7 +155,7 @@ class RequestQueue(Generic[Entry]):
     def push(self, item: Entry) -> None:
         """Queue a request. Raises QueueFullError when its level holds max_queue_size."""
         policy = self._policies[item.level]
-        if policy.max_queue_size > 0 and self._sizes[item.level] >= policy.max_queue_size:
+        if policy.max_queue_size > 0 and self._sizes[item.level] + self._held[item.level] >= policy.max_queue_size:
             raise QueueFullError("Exceeds maximum queue size")
         item.timeout_action = policy.timeout_action
         self._normal[item.level].append(item)
@@ -161,6 +164,22 @@ class RequestQueue(Generic[Entry]):
         self.queued_cost += item.cost
         if item.deadline_ns:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
+
+    @property
+    def held(self) -> int:
+        """Requests of batches handed over ahead of time that have not begun (``hold``)."""
+        return sum(self._held.values())
+
+    def hold(self, batch: tuple[Entry, ...]) -> None:
+        """``batch`` (just taken) waits on in its instance: its requests keep counting
+        against max_queue_size until ``release``."""
+        for item in batch:
+            self._held[item.level] += 1
+
+    def release(self, batch: tuple[Entry, ...]) -> None:
+        """A held batch began (or was given up): its requests no longer wait."""
+        for item in batch:
+            self._held[item.level] -= 1
 
     def discard(self, item: Entry) -> bool:
         """Take a request out (its caller went away). True if it was still queued."""

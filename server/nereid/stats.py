@@ -73,10 +73,11 @@ class ModelStats:
     #: successful requests by queue time: slot i counts waits <= QUEUE_BUCKETS_US[i]
     #: (and above the previous bound); the last slot counts longer waits.
     queue_buckets: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_BUCKETS_US) + 1))
-    #: nereid's scheduling view (``scheduling_json``), per batch: how long instances were
-    #: busy with it (from the moment it could start, to the moment the loop saw it return),
-    #: how long an instance stood idle between it and the batch before although it was
-    #: ready (next batch formed at once), and the event loop's time to form it and to answer it.
+    #: nereid's scheduling view (``scheduling_json``), per batch: how long its instance was
+    #: busy with it (as the instance times it: from picking it up to handing back its split
+    #: outputs), how long the instance stood idle between the batch before and this one
+    #: when this one was ready as that one ended (the gap pipelining closes), and the
+    #: event loop's time to form it and to answer its requests.
     busy: Duration = field(default_factory=Duration)
     idle_between: Duration = field(default_factory=Duration)
     formation: Duration = field(default_factory=Duration)

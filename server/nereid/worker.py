@@ -109,6 +109,9 @@ class _Worker:
         cls = self.model_class.cls
         self.model: Any = None
         self.send_lock = threading.Lock()  # a decoupled Triton model's senders write from their own threads
+        #: batches that may run at once (the instance's max_concurrent_batches): a batch sent
+        #: ahead waits here, its inputs in (and on the device), for the one before to end
+        self.turns = threading.Semaphore(init.get("concurrency") or len(channels))
         try:
             if self.model_class.triton:
                 self.model = TritonModel(cls, self.context)
@@ -151,10 +154,12 @@ class _Worker:
                 self._close(channel)
                 return
             if kind == "triton":
-                self._triton(channel, message[1])
+                with self.turns:
+                    self._triton(channel, message[1])
                 continue
             if kind == "triton-stream":
-                self._triton_stream(channel, message[1])
+                with self.turns:
+                    self._triton_stream(channel, message[1])
                 continue
             assert inputs_arena is not None
             inputs = read_arrays(inputs_arena, message[1], copy=False)
@@ -169,7 +174,8 @@ class _Worker:
             elif kind == "infer":
                 self._infer(channel, outputs_arena, inputs, message[2])
             elif kind == "stream":
-                self._stream(channel, outputs_arena, inputs, message[2])
+                with self.turns:
+                    self._stream(channel, outputs_arena, inputs, message[2])
 
     def _call(self, fn: Any, *args: Any) -> Any:
         result = fn(*args)
@@ -189,12 +195,19 @@ class _Worker:
             channel.send(self._fault(stage, exc))
 
     def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
-        try:
-            raw = self._call(self.model.infer, inputs, *params)
-        except BaseException as exc:
-            channel.send(self._fault("infer", exc))
+        """One batch: its turn is held while the model runs and its outputs come to the
+        host, then given to the next batch before these outputs are written and sent."""
+        outputs: Any = None
+        error: tuple[str, str, str] | None = None
+        with self.turns:
+            try:
+                outputs = worker_outputs(self._call(self.model.infer, inputs, *params))
+            except BaseException as exc:
+                error = self._fault("infer", exc)
+        if error is not None:
+            channel.send(error)
             return
-        self._send_outputs(channel, arena, "ok", worker_outputs(raw))
+        self._send_outputs(channel, arena, "ok", outputs)
 
     def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any) -> None:
         """Numpy outputs through the arena; anything else (and object arrays of other

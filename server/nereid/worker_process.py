@@ -16,6 +16,7 @@ Knows nothing about batches or their outputs (``process_instance.py``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -54,7 +55,7 @@ def describe_exit(returncode: int) -> str:
 class _Process:
     """One started worker process and its channels (one per slot)."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
+    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int) -> None:
         pairs = [socket_pair() for _ in range(slots)]
         child_fds = [pair[1].fileno() for pair in pairs]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -67,7 +68,8 @@ class _Process:
         self.channels = [Channel(pair[0]) for pair in pairs]
         #: the slots made from these channels (all but the first, which is for control).
         self.slots: list[Slot] = []
-        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings()})
+        self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings(),
+                               "concurrency": concurrency})
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -97,11 +99,15 @@ class Slot:
 class WorkerProcess:
     """The current process of one instance, its slots, and its supervisor."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int) -> None:
+    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None) -> None:
+        """``slots`` channels (the first for control); at most ``concurrency`` batches run
+        at once in the process (None: one per batch slot), the others wait there for
+        their turn, their inputs already in."""
         self.model_file = model_file
         self.context = context
         self.name = context.instance_name
         self.slot_count = slots
+        self.concurrency = concurrency if concurrency is not None else slots - 1
         self.restarts = 0
         #: why the instance cannot serve right now (None: it can).
         self.problem: str | None = "starting"
@@ -112,6 +118,9 @@ class WorkerProcess:
         self._slots: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._ready_on_loop: asyncio.Event | None = None  # _ready, for batches driven from the loop
+        self._loop_thread = 0  # the loop's thread (release() is called from instance threads too)
+        #: batches on the loop waiting for a slot, first come first served
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lock = threading.Lock()
         self._closing = False
         self._backoff_s = _BACKOFF_FIRST_S
@@ -124,6 +133,7 @@ class WorkerProcess:
         """Start the process; once its Model is built, what it learnt of the class (and
         the supervisor watches it). Raises ModelLoadError with the cause."""
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._ready_on_loop = asyncio.Event()
         traits = await asyncio.to_thread(self._spawn)
         threading.Thread(target=self._supervise, name=f"{self.name}-supervisor", daemon=True).start()
@@ -135,7 +145,7 @@ class WorkerProcess:
 
     def _spawn(self) -> dict[str, Any]:
         """Start a process and wait for its "ready" (runs on a thread)."""
-        process = _Process(self.model_file, self.context, self.slot_count)  # + one channel for batch_size
+        process = _Process(self.model_file, self.context, self.slot_count, self.concurrency)  # + one channel for batch_size
         try:
             message, _ = process.channels[0].recv(_START_TIMEOUT_S)
         except (ChannelClosed, TimeoutError) as exc:
@@ -230,13 +240,22 @@ class WorkerProcess:
         process.close_channels()
 
     async def take_slot_on_loop(self) -> Slot:
-        assert self._ready_on_loop is not None
+        """A free slot, awaited on the loop: a batch handed over while the slots are busy
+        gets one the moment one is released (a release wakes the first waiter)."""
+        assert self._ready_on_loop is not None and self.loop is not None
         while True:
             await self._ready_on_loop.wait()
             try:
                 slot = self._slots.get_nowait()
-            except queue.Empty:  # between a restart's slots and its ready: look again shortly
-                await asyncio.sleep(0.001)
+            except queue.Empty:
+                freed: asyncio.Future[None] = self.loop.create_future()
+                self._slot_waiters.append(freed)
+                try:
+                    # released, or (between a restart's slots and its ready) look again shortly
+                    await asyncio.wait((freed,), timeout=0.05)
+                finally:
+                    if freed in self._slot_waiters:
+                        self._slot_waiters.remove(freed)
                 continue
             if slot.generation == self.generation:
                 return slot
@@ -248,9 +267,26 @@ class WorkerProcess:
             if slot.generation == self.generation:
                 return slot
 
-    def release(self, slot: Slot) -> None:
-        if slot.generation == self.generation:
-            self._slots.put(slot)
+    def release(self, slot: Slot) -> bool:
+        """Put ``slot`` back (from the loop or an instance thread) and wake a batch waiting
+        for one on the loop: True if one was waiting."""
+        if slot.generation != self.generation:
+            return False
+        self._slots.put(slot)
+        if not self._slot_waiters:
+            return False
+        if self._loop_thread == threading.get_ident():
+            self._wake_slot_waiter()
+        else:
+            self._on_loop(self._wake_slot_waiter)
+        return True
+
+    def _wake_slot_waiter(self) -> None:
+        while self._slot_waiters:
+            freed = self._slot_waiters.popleft()
+            if not freed.done():
+                freed.set_result(None)
+                return
 
     def _mark_dead(self, process: _Process) -> None:
         """No batch goes to ``process`` any more: its slots are dropped, new batches wait

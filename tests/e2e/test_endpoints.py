@@ -331,8 +331,13 @@ def zero_stats(name: str, version: str) -> dict[str, Any]:
         "name": name, "version": version, "last_inference": 0, "inference_count": 0, "execution_count": 0,
         "inference_stats": {key: ZERO for key in ("success", "fail", "queue", "compute_input", "compute_infer",
                                                   "compute_output", "cache_hit", "cache_miss")},
-        "response_stats": {}, "batch_stats": [], "memory_usage": [], **PROCESS_STATS,
+        "response_stats": {}, "batch_stats": [], "memory_usage": [],
+        "scheduling": {key: ZERO for key in SCHEDULING}, **PROCESS_STATS,
     }
+
+
+#: nereid's scheduling figures, in every model's stats (not over gRPC).
+SCHEDULING = ("instance_busy", "instance_idle_between_batches", "batch_formation", "batch_answer")
 
 
 #: What the stats of a model with process instances add (pytest --isolation process).
@@ -360,7 +365,8 @@ def test_stats_after_one_request_count_it_everywhere(http: httpx.Client) -> None
     finished_ms = time.time_ns() // 1_000_000
     (stats,) = http.get("/v2/models/touched/stats").json()["model_stats"]
     assert list(stats) == ["name", "version", "last_inference", "inference_count", "execution_count",
-                           "inference_stats", "response_stats", "batch_stats", "memory_usage", *PROCESS_STATS]
+                           "inference_stats", "response_stats", "batch_stats", "memory_usage", "scheduling",
+                           *PROCESS_STATS]
     assert (stats["name"], stats["version"]) == ("touched", "1")
     assert started_ms <= stats["last_inference"] <= finished_ms
     assert (stats["inference_count"], stats["execution_count"]) == (3, 1)
@@ -378,6 +384,11 @@ def test_stats_after_one_request_count_it_everywhere(http: httpx.Client) -> None
     assert list(batch) == ["batch_size", "compute_input", "compute_infer", "compute_output"]
     assert batch["batch_size"] == 3
     assert [batch[key]["count"] for key in ("compute_input", "compute_infer", "compute_output")] == [1, 1, 1]
+    scheduling = stats["scheduling"]
+    assert list(scheduling) == list(SCHEDULING)
+    assert {key: value["count"] for key, value in scheduling.items()} == {
+        "instance_busy": 1, "instance_idle_between_batches": 0, "batch_formation": 1, "batch_answer": 1}
+    assert 0 < scheduling["instance_busy"]["ns"]
     assert stats["response_stats"] == {} and stats["memory_usage"] == []
 
 

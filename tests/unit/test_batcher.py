@@ -590,12 +590,14 @@ def test_a_full_batch_is_handed_to_the_instance_while_the_current_one_runs_and_s
             # a full batch queued: formed and handed over now, while batch 1 still runs
             await until(lambda: len(instance.handed) == 2)
             assert instance.handed[1] == (clock.monotonic_ns(), [4, 5, 6, 7])
-            assert batcher.queue_depth == 0 and instance.began == [clock.monotonic_ns() - 10_000_000]
+            assert instance.began == [clock.monotonic_ns() - 10_000_000]
+            assert batcher.queue_depth == 4  # handed over, not begun: they still wait
             clock.advance(40_000_000)
             instance.release(0)
             # batch 2 begins as batch 1 returns: no time passes in between
             await until(lambda: len(instance.began) == 2)
             assert instance.began[1] == clock.monotonic_ns()
+            assert batcher.queue_depth == 0
             await until(lambda: len(answers) == 4)
             clock.advance(50_000_000)
             instance.release(1)
@@ -656,5 +658,94 @@ def test_the_returned_batch_is_answered_after_the_next_one_is_handed_to_the_inst
         assert answered_when_handed == [0, 0]  # batch 2 was handed over before batch 1's answers
         assert batcher.stats.idle_between.as_json() == {"count": 1, "ns": 0}
         assert batcher.stats.answer.count == 2 and batcher.stats.formation.count == 2
+
+    run(scenario())
+
+
+def test_a_partial_batch_is_handed_over_once_the_running_one_is_about_to_end() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            clock.advance(50_000_000)  # batches take 50 ms
+            instance.release(0)
+            await until(lambda: batcher.executing == 0)
+            batcher.submit(1, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 2)
+            batcher.submit(2, None, lambda result, error: None)
+            clock.advance(44_999_999)
+            await settle()
+            assert len(instance.handed) == 2  # not full, and batch 2 is not about to end yet
+            clock.advance(1)  # 5 ms (a tenth) before batch 2 is expected to end
+            await until(lambda: len(instance.handed) == 3)
+            assert instance.handed[2] == (clock.monotonic_ns(), [2])
+            batcher.submit(3, None, lambda result, error: None)  # too late for batch 3
+            clock.advance(5_000_000)
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            assert instance.began[2] == clock.monotonic_ns()  # at once
+            instance.release(2)
+            await until(lambda: len(instance.began) == 4)
+            assert instance.handed[3][1] == [3]
+            instance.release(3)
+        assert batcher.stats.idle_between.as_json() == {"count": 2, "ns": 0}
+
+    run(scenario())
+
+
+def test_late_a_partial_batch_smaller_than_the_running_one_waits_until_arrivals_pause() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for item in (0, 1):
+                batcher.submit(item, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            clock.advance(50_000_000)
+            instance.release(0)  # batches of 2 take 50 ms: the next one is due 5 ms before its end
+            await until(lambda: batcher.executing == 0)
+            for item in (2, 3):
+                batcher.submit(item, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 2)
+            clock.advance(44_000_000)
+            batcher.submit(4, None, lambda result, error: None)
+            clock.advance(2_000_000)  # past the due point, but request 4 came 2 ms ago
+            await settle()
+            assert len(instance.handed) == 2  # one queued, two running: more may still come
+            clock.advance(3_000_000)  # 5 ms without an arrival
+            await until(lambda: len(instance.handed) == 3)
+            assert instance.handed[2] == (clock.monotonic_ns(), [4])
+            batcher.submit(5, None, lambda result, error: None)
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            instance.release(2)
+            await until(lambda: len(instance.began) == 4)
+            assert instance.handed[3][1] == [5]
+            instance.release(3)
+
+    run(scenario())
+
+
+def test_requests_handed_over_ahead_of_time_still_count_against_max_queue_size() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = QueueingInstance(clock)
+        policy = QueuePolicy(max_queue_size=1)
+        async with make([instance], max_batch_size=1, clock=clock, max_queue_delay_microseconds=0,
+                        default_queue_policy=policy) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.began) == 1)
+            batcher.submit(1, None, lambda result, error: None)  # a full batch: handed over at once
+            await until(lambda: len(instance.handed) == 2)
+            with pytest.raises(QueueFullError):
+                batcher.submit(2, None, lambda result, error: None)
+            instance.release(0)
+            await until(lambda: len(instance.began) == 2)
+            batcher.submit(3, None, lambda result, error: None)  # batch 2 began: room again
+            instance.release(1)
+            await until(lambda: len(instance.began) == 3)
+            instance.release(2)
 
     run(scenario())
