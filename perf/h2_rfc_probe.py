@@ -512,6 +512,22 @@ def _data_past_window(peer: Peer, args: argparse.Namespace) -> Answer:
     return answer
 
 
+@case("streams_over_limit", "one stream more than the server's SETTINGS_MAX_CONCURRENT_STREAMS, all left open",
+      "RST_STREAM REFUSED_STREAM or PROTOCOL_ERROR on the extra stream (§5.1.2)",
+      ("RST_STREAM REFUSED_STREAM", "RST_STREAM PROTOCOL_ERROR"), ("GOAWAY PROTOCOL_ERROR", "closed"))
+def _streams_over_limit(peer: Peer, args: argparse.Namespace) -> Answer:
+    peer.handshake()
+    limit = peer.settings.get(MAX_CONCURRENT_STREAMS)
+    if limit is None or limit > 100_000:
+        return Answer("(no limit advertised)")
+    last = 2 * limit + 1  # streams 1, 3, ... (limit of them), then this one
+    opens = b"".join(peer.open_stream(2 * i + 1, MODEL_INFER) for i in range(limit + 1))
+    peer.send(opens, limit + 1)
+    answer = peer.answer(last, args.timeout)
+    answer.detail = f"limit {limit}"
+    return answer
+
+
 @case("window_overflow_settings", "stream window at 2^31-1, then SETTINGS_INITIAL_WINDOW_SIZE +1",
       "GOAWAY FLOW_CONTROL_ERROR (§6.9.2)", ("GOAWAY FLOW_CONTROL_ERROR",), ("RST_STREAM FLOW_CONTROL_ERROR", "closed"))
 def _window_overflow_settings(peer: Peer, args: argparse.Namespace) -> Answer:
