@@ -84,6 +84,35 @@ def ratio(a: float, b: float) -> float:
     return a / b if b and a == a and b == b else float("nan")
 
 
+def summarize(runs: list[bench.Run], names: list[str], levels: list[int], stability: float) -> list[dict[str, object]]:
+    """bench_identity's medians, except CPU per inference: it counts every run that served
+    inferences, also those perf_analyzer could not call stable (its time and the model's
+    success count are read around the run either way; ``cpu_runs`` says how many)."""
+    rows = bench.summarize(runs, names, levels, stability)
+    for row in rows:
+        cpu = [r.cpu_us for r in runs
+               if r.server == row["server"] and r.concurrency == row["concurrency"] and r.cpu_us == r.cpu_us]
+        row["cpu_us"] = bench.median(cpu)
+        row["cpu_runs"] = len(cpu)
+    return rows
+
+
+def read_csv(path: Path) -> tuple[list[bench.Run], str]:
+    """The runs of an earlier CSV of this script (to print and plot them again)."""
+    runs = []
+    commit = ""
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            runs.append(bench.Run(
+                row["engine"], int(row["concurrency"]), int(row["repeat"]), row["ok"] == "True",
+                float(row["infer_per_s"]), float(row["p50_us"]), float(row["p99_us"]),
+                stability=float(row["stability"]), load1=float(row["load1"]), cpu_us=float(row["cpu_us_per_infer"]),
+                error=row["error"],
+            ))
+            commit = row["commit"]
+    return runs, commit
+
+
 def print_table(rows: list[dict[str, object]], names: list[str], levels: list[int]) -> None:
     """Medians per level and engine, with CPU and throughput ratios to Triton and to native."""
     by = {(r["server"], r["concurrency"]): r for r in rows}
@@ -106,8 +135,9 @@ def print_table(rows: list[dict[str, object]], names: list[str], levels: list[in
             print(f"{name:<12} {c:>4} {bench.fmt(r['throughput'], 1):>9} {bench.fmt(r['p50_us']):>8} "  # type: ignore[arg-type]
                   f"{bench.fmt(r['p99_us']):>8} {bench.fmt(r['cpu_us']):>7} {r['runs_ok']:>2}/{r['runs']:<2}"  # type: ignore[arg-type]
                   + "".join(f" {cell:>10}" for cell in cells))
-    print("cpu us: the server's CPU time per inference (all its processes); ratios < 1 (cpu), > 1 (thr) "
-          "favour the engine of the row")
+    print("cpu us: the server's CPU time per inference (all its processes; median of every run that served, "
+          "stable or not); runs: stable perf_analyzer runs / runs (throughput and latency are their medians); "
+          "ratios < 1 (cpu), > 1 (thr) favour the engine of the row")
     sys.stdout.flush()
 
 
@@ -157,6 +187,13 @@ def plot(path: Path, rows: list[dict[str, object]], names: list[str], levels: li
     bench.log(f"plot written to {path}")
 
 
+def report(args: argparse.Namespace, runs: list[bench.Run], names: list[str], levels: list[int], commit: str) -> None:
+    rows = summarize(runs, names, levels, float(args.stability_percentage))
+    print_table(rows, names, levels)
+    title = "identity model over gRPC, perf_analyzer -b 1, medians" + (f"\n{commit}" if commit else "")
+    plot(Path(args.plot), rows, names, levels, title)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -178,6 +215,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", default=str(PLOTS / "h2_engine.png"))
     p.add_argument("--commit", default="", help="the commit(s) measured, written into the CSV and the plot title")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--from-csv", default=None, help="measure nothing: print and plot the runs of this CSV again")
     args = p.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -192,6 +230,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_csv:
+        earlier, commit = read_csv(Path(args.from_csv))
+        names = list(dict.fromkeys(r.server for r in earlier))
+        levels = sorted({r.concurrency for r in earlier})
+        report(args, earlier, names, levels, commit)
+        return 0
     if not Path(args.perf_analyzer).exists():
         bench.log(f"{args.perf_analyzer} not found; install with `make perf-analyzer`")
         return 2
@@ -232,11 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             server.stop()
     if runs:
-        rows = bench.summarize(runs, names, args.levels, float(args.stability_percentage))
-        print_table(rows, names, args.levels)
         write_csv(Path(args.csv), runs, args.commit)
-        title = "identity model over gRPC, perf_analyzer -b 1, medians" + (f" ({args.commit})" if args.commit else "")
-        plot(Path(args.plot), rows, names, args.levels, title)
+        report(args, runs, names, args.levels, args.commit)
     if args.keep or status not in (0, 130):
         bench.log(f"work directory kept: {work}")
     else:
