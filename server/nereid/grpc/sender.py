@@ -22,7 +22,7 @@ from nereid.grpc.stream import GrpcStream, ResponsePhase, StreamState
 __all__ = ["Sender"]
 
 _HEADERS, _CONTINUATION = FrameType.HEADERS, FrameType.CONTINUATION
-_END_STREAM, _END_HEADERS = Flag.END_STREAM, Flag.END_HEADERS
+_END_STREAM, _END_HEADERS = int(Flag.END_STREAM), int(Flag.END_HEADERS)  # plain ints: IntFlag's | runs in Python
 _STATUS_OK = 0
 
 

@@ -52,7 +52,9 @@ STREAM_HIGH_WATER = _DEFAULT_LIMITS.stream_high_water
 INLINE_INFLATE = 8 << 10
 
 _CONTINUATION = FrameType.CONTINUATION
-_END_STREAM, _END_HEADERS, _PADDED = Flag.END_STREAM, Flag.END_HEADERS, Flag.PADDED
+# plain ints on the hot path: IntFlag's & and | run in Python
+_END_STREAM, _END_HEADERS, _PADDED = int(Flag.END_STREAM), int(Flag.END_HEADERS), int(Flag.PADDED)
+_ACK, _PRIORITY_FLAG = int(Flag.ACK), int(Flag.PRIORITY)
 #: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
 _SELF_DEPENDENT = 0x100
 
@@ -127,8 +129,12 @@ class GrpcConnection(asyncio.Protocol):
         self._refusal = refusal
         self._transport: Any = None
         self.state = ConnectionState.PREFACE
-        self._sender = Sender(schedule, self._close_stream)
-        self._write = self._sender.write
+        self._sender = sender = Sender(schedule, self._close_stream)
+        self._write = sender.write
+        # the answering methods below, bound straight to the Sender's (one call less per answer)
+        self.respond = sender.respond  # type: ignore[method-assign]
+        self.send_message = sender.send_message  # type: ignore[method-assign]
+        self.finish = sender.finish  # type: ignore[method-assign]
         self._buffer = bytearray()
         self._blocks = HeaderBlocks(limits.max_header_list)
         #: a header block being assembled from CONTINUATION frames: stream, flags, bytes, frames
@@ -250,7 +256,7 @@ class GrpcConnection(asyncio.Protocol):
             stream_id &= 0x7FFFFFFF
             if self._header_block is not None and kind != _CONTINUATION:
                 raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "expected CONTINUATION")
-            if self.state is ConnectionState.SETTINGS and (kind != FrameType.SETTINGS or flags & Flag.ACK):
+            if self.state is ConnectionState.SETTINGS and (kind != FrameType.SETTINGS or flags & _ACK):
                 raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client preface must end with SETTINGS")
             handler = handlers.get(kind)
             if handler is None:
@@ -260,6 +266,10 @@ class GrpcConnection(asyncio.Protocol):
                 handler(flags, stream_id, bytes(view[start:position]))
             except _StreamError as error:
                 self._stream_error(error.stream_id, error.code)
+            except _ConnectionError:
+                raise
+            except Exception as exc:  # a bug, in a call's handling or here: that call fails
+                self._call_failed(stream_id, exc)
         return position
 
     # -- frames in -----------------------------------------------------------------------
@@ -319,9 +329,13 @@ class GrpcConnection(asyncio.Protocol):
         """Calls whose client finished sending in the read just handled start now, unless
         the same read reset them (rapid reset then costs no request started and withdrawn)."""
         ended, self._ended = self._ended, []
+        end = self._calls.end
         for stream in ended:
             if stream.state is StreamState.HALF_CLOSED_REMOTE:
-                self._tell(self._calls.end, stream)
+                try:
+                    end(self, stream)
+                except Exception as exc:
+                    self._call_failed(stream.id, exc)
 
     def _messages(self, stream: GrpcStream, data: bytes | bytearray) -> int:
         """Hand each complete gRPC message in ``data`` to the calls; the bytes taken (the
@@ -373,7 +387,7 @@ class GrpcConnection(asyncio.Protocol):
     def _deliver(self, stream: GrpcStream, message: bytes) -> None:
         if stream.streaming:
             stream.backlog += 1
-        self._tell(self._calls.message, stream, message)
+        self._calls.message(self, stream, message)
 
     def _inflated(self, stream: GrpcStream, result: bytes | BaseException) -> None:
         if stream.state is StreamState.CLOSED:
@@ -409,9 +423,12 @@ class GrpcConnection(asyncio.Protocol):
             return
         stream, ended = suspended
         self._inflating = None
-        self._inflated(stream, result)
-        if stream.inbox and stream.state is not StreamState.CLOSED:
-            del stream.inbox[:self._messages(stream, stream.inbox)]
+        try:
+            self._inflated(stream, result)
+            if stream.inbox and stream.state is not StreamState.CLOSED:
+                del stream.inbox[:self._messages(stream, stream.inbox)]
+        except Exception as exc:
+            self._call_failed(stream.id, exc)
         if self._inflating is not None:
             self._inflating = (stream, ended)
             return
@@ -458,7 +475,7 @@ class GrpcConnection(asyncio.Protocol):
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
         if flags & _PADDED:
             payload = _unpad(payload)
-        if flags & Flag.PRIORITY:
+        if flags & _PRIORITY_FLAG:
             if len(payload) < 5:
                 raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             if U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id:
@@ -522,14 +539,14 @@ class GrpcConnection(asyncio.Protocol):
                 self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
                 return
             stream.inflate = encoding.decode()
-        self._tell(self._calls.open, stream)
+        self._calls.open(self, stream)
         if flags & _END_STREAM:
             self._remote_end(stream)
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & Flag.ACK:
+        if flags & _ACK:
             if payload:
                 raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
@@ -556,7 +573,7 @@ class GrpcConnection(asyncio.Protocol):
                 if not MIN_MAX_FRAME <= value <= MAX_MAX_FRAME:
                     raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"bad max frame size {value}")
                 self._sender.peer_max_frame = value
-        self._write(frame(FrameType.SETTINGS, Flag.ACK, 0))
+        self._write(frame(FrameType.SETTINGS, _ACK, 0))
         self._sender.flush_blocked()
 
     def _window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -591,10 +608,10 @@ class GrpcConnection(asyncio.Protocol):
             raise _ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING of a bad length")
         if stream_id:
             raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
-        if flags & Flag.ACK:
+        if flags & _ACK:
             self.ping_sent_at = None
         elif self._ping_allowed():
-            self._write(frame(FrameType.PING, Flag.ACK, 0, payload))
+            self._write(frame(FrameType.PING, _ACK, 0, payload))
 
     def _ping_allowed(self) -> bool:
         """grpc's ping policing (tritonserver's --grpc-http2-* flags): a PING sooner than
@@ -629,7 +646,7 @@ class GrpcConnection(asyncio.Protocol):
         stream = self.streams.pop(stream_id, None)
         if stream is not None:
             self._forget(stream)
-            self._tell(self._calls.reset, stream)
+            self._calls.reset(self, stream)
 
     def _goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
@@ -718,14 +735,15 @@ class GrpcConnection(asyncio.Protocol):
         stream.pending_bytes = 0
         self.finish(stream, status, message)
 
-    def _tell(self, method: Callable[..., None], stream: GrpcStream, *args: Any) -> None:
-        """Tell the calls about ``stream``: an exception fails that call alone."""
-        try:
-            method(self, stream, *args)
-        except Exception as exc:  # a bug: the call fails, the connection goes on
-            _log.exception("gRPC: a call on stream %d failed", stream.id)
-            if stream.state is not StreamState.CLOSED:
-                self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
+    def _call_failed(self, stream_id: int, exc: Exception) -> None:
+        """An exception while handling a frame (a bug): the call on that stream fails with
+        INTERNAL, the connection goes on; one on the connection itself closes it."""
+        _log.error("gRPC: handling a frame of stream %d failed", stream_id, exc_info=exc)
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.state is not StreamState.CLOSED:
+            self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
+        elif not stream_id:
+            self._fail(ErrorCode.INTERNAL_ERROR, "internal error")
 
     # -- the connection ------------------------------------------------------------------
 
