@@ -319,6 +319,8 @@ class DynamicBatcher:
                 # the instance's own times when it reports them, else as the loop saw them
                 began = getattr(outcome, "began_ns", 0) or current.started
                 finished = getattr(outcome, "ended_ns", 0) or ended
+                if current.after is not None:  # handed over ahead: it began once the one before ended
+                    began = max(began, current.after)
                 self.stats.busy.add(finished - began)
                 if outcome is not None and outcome.error is None:
                     typical = self._typical_ns
@@ -377,13 +379,17 @@ class DynamicBatcher:
     async def _staged(self, loop: asyncio.AbstractEventLoop, instance: Instance, current: _Running) -> _Running | None:
         """While ``current`` runs: the next batch, handed to the instance early so that it
         starts the moment ``current`` returns (unless another slot is idle to take it): a
-        full one as soon as it is queued; once ``current`` is about to end (its expected
+        full one as soon as it is queued; where this is the model's one slot, once
+        ``current`` is about to end (its expected
         duration, from the batches before it, less a tenth of that or 1 ms at least:
         ``lead``), a batch Triton's rules let leave, when it is as large as ``current``
         or nothing arrived for ``lead`` (until then, more may come before ``current``
         ends). None if ``current`` returns first."""
         task = current.task
-        typical = self._typical_ns
+        # A batch that is not full goes ahead of time only where this is the model's one
+        # slot: with several, it waits for the first slot to be free and grows meanwhile
+        # (handed early to each busy slot, the load would split into ever smaller batches).
+        typical = self._typical_ns if len(self._workers) == 1 else 0
         lead = max(typical // 10, _STAGE_LEAD_NS)
         # it began when the batch before it ended, by the instance's own clock, if it was
         # handed over ahead of time (the loop may see that end late); else when handed over

@@ -749,3 +749,30 @@ def test_requests_handed_over_ahead_of_time_still_count_against_max_queue_size()
             instance.release(2)
 
     run(scenario())
+
+
+def test_with_several_slots_a_partial_batch_waits_for_the_first_free_one() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        a, b = QueueingInstance(clock, name="a"), QueueingInstance(clock, name="b")
+        async with make([a, b], max_batch_size=8, clock=clock, max_queue_delay_microseconds=0) as batcher:
+            for round_ in range(2):  # batches of one request take 50 ms on each instance
+                for started, item in enumerate((2 * round_, 2 * round_ + 1), start=2 * round_ + 1):
+                    batcher.submit(item, None, lambda result, error: None)
+                    await until(lambda: len(a.began) + len(b.began) == started)
+                if round_ == 0:
+                    clock.advance(50_000_000)
+                    a.release(0)
+                    b.release(0)
+                    await until(lambda: batcher.executing == 0)
+            batcher.submit(4, None, lambda result, error: None)
+            clock.advance(49_000_000)  # both about to end
+            await settle()
+            assert len(a.handed) + len(b.handed) == 4 and batcher.queue_depth == 1  # not handed early
+            a.release(1)
+            await until(lambda: len(a.began) == 3)
+            assert a.handed[2][1] == [4]
+            a.release(2)
+            b.release(1)
+
+    run(scenario())
