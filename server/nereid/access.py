@@ -27,14 +27,17 @@ GRPC_KEY_PREFIX = "triton-grpc-protocol-"
 @dataclass(frozen=True, slots=True)
 class Restriction:
     """Requests to ``groups`` must carry header (metadata key) ``header`` with ``value``.
-    ``header`` is lower case (HTTP headers and gRPC metadata keys compare so)."""
+    ``header`` is as the flag spelt it (for messages, as Triton's); ``name`` is its lower
+    case, the way HTTP header names and gRPC metadata keys compare."""
 
     groups: tuple[str, ...]
     header: str
     value: str = field(repr=False)
+    name: str = field(init=False, repr=False, compare=False)
     _expected: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.header.lower())
         object.__setattr__(self, "_expected", self.value.encode())
 
     def allows(self, presented: bytes | str | None) -> bool:
@@ -72,7 +75,7 @@ def parse_restriction(spec: str, key_prefix: str = "") -> Restriction:
 def parse_key(setting: str, groups: tuple[str, ...] = ("metrics",), key_prefix: str = "") -> Restriction:
     """A Restriction of ``groups`` from ``<key>=<value>`` (``--metrics-restricted-api``)."""
     key, equals, value = setting.partition("=")
-    key = key.strip().lower()
+    key = key.strip()
     if not equals or not key:
         raise ValueError("expected <key>=<value>, got no '=' or an empty key")
     if not value:

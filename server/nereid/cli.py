@@ -300,6 +300,14 @@ def _prepare(options: ServerOptions) -> Callable[[], int]:
     ValueError for a setting the server refuses (e.g. poll secs 0), before anything
     starts."""
     if options.ray_replicas or options.ray_max_replicas:
+        secured = [
+            row.flag for row in _FLAGS
+            if row.field.endswith(("use_ssl", "use_ssl_mutual", "restricted_api", "restricted_protocol"))
+            and getattr(options, row.field)
+        ]
+        if secured:
+            # Ray's own proxies serve the ports: nereid's TLS and restrictions would not apply.
+            raise ValueError(f"{', '.join(secured)}: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
         from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
 
         return lambda: run_on_ray(options)

@@ -382,7 +382,7 @@ class MetricsListener:
                 length = int(value)
             elif name == "transfer-encoding":
                 chunked = "chunked" in value.lower()
-            elif restriction is not None and name == restriction.header and presented is None:
+            elif restriction is not None and name == restriction.name and presented is None:
                 presented = value
             elif name == "connection":
                 tokens = {t.strip().lower() for t in value.split(",")}

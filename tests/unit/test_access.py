@@ -12,7 +12,8 @@ from nereid.cli import build_parser, options_from_args
 def test_groups_and_key_parse_as_triton_writes_them() -> None:
     restriction = parse_restriction("model-repository,shared-memory:Admin-Key=s3cr:et=x")
     assert restriction.groups == ("model-repository", "shared-memory")
-    assert restriction.header == "admin-key"  # header names compare in lower case
+    assert restriction.header == "Admin-Key"  # as given, for the refusal's message (as Triton's)
+    assert restriction.name == "admin-key"  # header names compare in lower case
     assert restriction.allows(b"s3cr:et=x") and restriction.allows("s3cr:et=x")
 
 
@@ -65,7 +66,7 @@ def test_the_value_never_shows_in_a_repr_or_an_error() -> None:
 
 def test_metrics_key_alone() -> None:
     restriction = parse_key("Scrape-Key=abc")
-    assert (restriction.groups, restriction.header) == (("metrics",), "scrape-key")
+    assert (restriction.groups, restriction.name) == (("metrics",), "scrape-key")
 
 
 def test_refusals_count_by_protocol_and_group() -> None:

@@ -58,7 +58,7 @@ class _Method:
         self.streaming = streaming
         self.group = METHOD_GROUPS[name]
         self.restriction = restriction
-        self.key = restriction.header.encode("latin-1") if restriction is not None else b""
+        self.key = restriction.name.encode("latin-1") if restriction is not None else b""
 
 
 class _TlsConnection(GrpcConnection):

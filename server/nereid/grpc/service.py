@@ -459,7 +459,7 @@ def _restricted(implementation: Any, restriction: Restriction, group: str, refus
     def allowed(context: Any) -> bool:
         presented = None
         for key, value in context.invocation_metadata() or ():
-            if key == restriction.header:
+            if key == restriction.name:
                 presented = value
                 break
         if restriction.allows(presented):

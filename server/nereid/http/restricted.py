@@ -42,7 +42,7 @@ class Guard:
         self.group = group
         self.restriction = restriction
         self.refusals = refusals
-        self._name = restriction.header.encode("latin-1")
+        self._name = restriction.name.encode("latin-1")
         #: (status, headers, body) of a refused request
         self.refusal: tuple[int, list[tuple[bytes, bytes]], bytes] = (
             403, _JSON, error_json(restriction.http_message())
