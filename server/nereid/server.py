@@ -32,7 +32,7 @@ from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 from nereid.request_budget import RequestBudget
-from nereid.tls import TlsFiles, server_context
+from nereid.tls import TlsFiles, reload_certificate, server_context
 
 if TYPE_CHECKING:
     from nereid.grpc.native import NativeGrpcServer
@@ -94,6 +94,8 @@ class Server(InProcessServer):
         self.grpc_tls = _tls_files(options_, "grpc")
         self._shutdown: asyncio.Event | None = None
         self.started: asyncio.Event | None = None
+        #: the TLS contexts nereid's own engines listen with, which SIGHUP reloads
+        self._reloadable: list[tuple[TlsFiles, ssl.SSLContext]] = []
 
     def _on_started(self) -> None:
         table = format_model_table(self.manager.states())
@@ -107,6 +109,23 @@ class Server(InProcessServer):
         gc.freeze()
         if self.started is not None:
             self.started.set()
+
+    def reload_certificates(self) -> None:
+        """Read the server certificates and keys again (SIGHUP): connections made after
+        this use them. Only nereid's own engines can (the ASGI engines and grpcio read
+        theirs at start); a pair that cannot be used is logged and the old one kept."""
+        for files, context in self._reloadable:
+            try:
+                reload_certificate(context, files)
+            except StartupError as exc:
+                _log.error("TLS: %s; still serving the certificate read before", exc)
+            else:
+                _log.info("TLS: %s-server-cert and %s-server-key read again", files.prefix, files.prefix)
+        reloaded = [files for files, _ in self._reloadable]
+        for files in (self.http_tls, self.grpc_tls):
+            if files is not None and files not in reloaded:
+                _log.warning("TLS: %s certificates are read at start only by this engine (restart to replace them)",
+                             files.prefix)
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe to call from a signal handler on the loop)."""
@@ -127,6 +146,11 @@ class Server(InProcessServer):
         # Certificates are read once, here: a bad one stops the server before any port is bound.
         http_tls = server_context(self.http_tls, ("http/1.1",)) if self.http_tls is not None else None
         grpc_tls = server_context(self.grpc_tls, ("h2",)) if self.grpc_tls is not None else None
+        self._reloadable = []
+        if self.http_tls is not None and http_tls is not None and engine == "native":
+            self._reloadable.append((self.http_tls, http_tls))
+        if self.grpc_tls is not None and grpc_tls is not None and options.grpc_server == "native" and options.allow_grpc:
+            self._reloadable.append((self.grpc_tls, grpc_tls))
         listener: socket.socket | None = None
         fd = options.http_fd
         if fd is None and engine == "native":
@@ -360,6 +384,7 @@ class Server(InProcessServer):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.shutdown)
+            loop.add_signal_handler(signal.SIGHUP, self.reload_certificates)
             await self.serve()
 
         try:

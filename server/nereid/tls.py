@@ -3,7 +3,9 @@
 mutual TLS (client certificates checked against a root) optional.
 
 Owns reading the certificate files and the words for what is wrong with them; the engines
-only pass the context to their listener. Certificates are read once, at start. A failure
+only pass the context to their listener. Certificates are read at start; the server's
+certificate and key can be read again into the same context (``reload_certificate``, on
+SIGHUP for nereid's own engines): connections made after it use the new pair. A failure
 names the flag, never a path or a key's contents.
 """
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from nereid.listening import StartupError
 
-__all__ = ["TlsFiles", "server_context"]
+__all__ = ["TlsFiles", "reload_certificate", "server_context"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +48,7 @@ def server_context(files: TlsFiles, alpn: tuple[str, ...]) -> ssl.SSLContext:
     p = files.prefix
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(files.cert, files.key)
-    except FileNotFoundError as exc:
-        raise StartupError(f"{p}-server-cert / {p}-server-key: {exc.strerror}") from None
-    except PermissionError as exc:
-        raise StartupError(f"{p}-server-cert / {p}-server-key: {exc.strerror}") from None
-    except ssl.SSLError as exc:
-        raise StartupError(
-            f"{p}-server-cert / {p}-server-key: not a PEM certificate and its matching private key ({exc.reason})"
-        ) from None
+    reload_certificate(context, files)
     if files.root is not None:
         try:
             context.load_verify_locations(cafile=files.root)
@@ -66,3 +59,18 @@ def server_context(files: TlsFiles, alpn: tuple[str, ...]) -> ssl.SSLContext:
     context.verify_mode = ssl.CERT_REQUIRED if files.mutual else ssl.CERT_NONE
     context.set_alpn_protocols(list(alpn))
     return context
+
+
+def reload_certificate(context: ssl.SSLContext, files: TlsFiles) -> None:
+    """Read the server's certificate and key into ``context`` (new connections use them).
+    StartupError naming the flags when they cannot be used; ``context`` keeps its pair."""
+    assert files.cert is not None and files.key is not None
+    p = files.prefix
+    try:
+        context.load_cert_chain(files.cert, files.key)
+    except OSError as exc:
+        raise StartupError(f"{p}-server-cert / {p}-server-key: {exc.strerror or 'cannot be read'}") from None
+    except ssl.SSLError as exc:
+        raise StartupError(
+            f"{p}-server-cert / {p}-server-key: not a PEM certificate and its matching private key ({exc.reason})"
+        ) from None

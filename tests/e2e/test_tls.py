@@ -246,3 +246,38 @@ def test_failed_handshakes_do_not_use_up_the_connection_limits(repo: RepoBuilder
         client.close()
         with _grpc_client(server, certs) as grpc_client:
             np.testing.assert_array_equal(_grpc_infer(grpc_client), np.arange(4, dtype=np.float32).reshape(1, 4))
+
+
+def test_sighup_reloads_the_server_certificate_of_the_native_engines(repo: RepoBuilder, tmp_path: Path,
+                                                                     certs: Certificates) -> None:
+    import shutil
+    import signal
+    import time
+
+    live_cert, live_key = tmp_path / "live.pem", tmp_path / "live.key"
+    shutil.copy(certs.server_cert, live_cert)
+    shutil.copy(certs.server_key, live_key)
+    flags = ["--http-use-ssl", "true", "--http-server-cert", str(live_cert), "--http-server-key", str(live_key),
+             "--grpc-use-ssl", "true", "--grpc-server-cert", str(live_cert), "--grpc-server-key", str(live_key)]
+    renewed = make_certificates(tmp_path / "renewed")  # another CA: a client trusting only it tells them apart
+    for server in _serve(repo, tmp_path, certs, *flags):
+        with pytest.raises(ssl.SSLError):
+            _handshake(server.port, renewed)
+        shutil.copy(renewed.server_cert, live_cert)
+        shutil.copy(renewed.server_key, live_key)
+        server.process.send_signal(signal.SIGHUP)
+        for _ in range(1500):  # until the reload is logged (the signal is handled on the loop)
+            if server.log().count("read again") == 2:
+                break
+            time.sleep(0.02)
+        assert server.log().count("-server-cert and --") == 2, server.log()
+        _handshake(server.port, renewed)
+        with _grpc_client(server, renewed) as client:
+            assert client.is_server_live()
+        assert str(live_cert) not in server.log()  # no certificate path in the log
+
+
+def _handshake(port: int, certs: Certificates) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        with certs.client_context().wrap_socket(raw, server_hostname="127.0.0.1"):
+            pass
