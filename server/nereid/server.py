@@ -122,10 +122,10 @@ class Server(InProcessServer):
             else:
                 _log.info("TLS: %s-server-cert and %s-server-key read again", files.prefix, files.prefix)
         reloaded = [files for files, _ in self._reloadable]
-        for files in (self.http_tls, self.grpc_tls):
-            if files is not None and files not in reloaded:
+        for settings in (self.http_tls, self.grpc_tls):
+            if settings is not None and settings not in reloaded:
                 _log.warning("TLS: %s certificates are read at start only by this engine (restart to replace them)",
-                             files.prefix)
+                             settings.prefix)
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe to call from a signal handler on the loop)."""

@@ -281,3 +281,20 @@ def _handshake(port: int, certs: Certificates) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
         with certs.client_context().wrap_socket(raw, server_hostname="127.0.0.1"):
             pass
+
+
+def test_sighup_with_an_asgi_engine_says_its_certificates_are_read_at_start_only(
+        repo: RepoBuilder, tmp_path: Path, certs: Certificates) -> None:
+    import signal
+    import time
+
+    for server in _serve(repo, tmp_path, certs, *_tls_flags(certs, "http"), "--allow-grpc", "false", engine="uvicorn"):
+        server.process.send_signal(signal.SIGHUP)
+        for _ in range(1500):
+            if "read at start only" in server.log():
+                break
+            time.sleep(0.02)
+        assert "TLS: --http certificates are read at start only by this engine (restart to replace them)" in server.log()
+        client = _http_client(server, certs)
+        assert client.is_server_live()  # still serving, with the certificate it started with
+        client.close()
