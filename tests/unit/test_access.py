@@ -3,6 +3,8 @@ shows (the key's value in a repr or an error)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nereid.access import GROUPS, GRPC_KEY_PREFIX, Refusals, parse_key, parse_restriction, restriction_table
@@ -75,3 +77,29 @@ def test_refusals_count_by_protocol_and_group() -> None:
     refusals.count("http", "inference")
     refusals.count("grpc", "health")
     assert refusals.counts == {("http", "inference"): 2, ("grpc", "health"): 1}
+
+
+def test_nereid_serve_keywords_take_the_same_specs() -> None:
+    from nereid.cli import options_from_keywords
+
+    options = options_from_keywords("x", {
+        "http_restricted_api": ["model-repository:k=v", "inference:i=w"], "grpc_restricted_protocol": "health:k=v",
+        "metrics_restricted_api": "m=v", "grpc_use_ssl": True, "grpc_server_cert": "c.pem",
+    })
+    assert [r.groups for r in options.http_restricted_api] == [("model-repository",), ("inference",)]
+    assert options.grpc_restricted_protocol[0].header == "triton-grpc-protocol-k"
+    assert options.metrics_restricted_api is not None and options.metrics_restricted_api.allows("v")
+    assert options.grpc_use_ssl and str(options.grpc_server_cert) == "c.pem"
+    with pytest.raises(ValueError, match="unknown restricted group 'nope'"):
+        options_from_keywords("x", {"http_restricted_api": "nope:k=v"})
+
+
+def test_tls_and_restrictions_are_refused_on_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nereid.cli import main
+
+    status = main(["serve", "--model-repository", str(tmp_path), "--ray-replicas", "2", "--http-use-ssl", "true",
+                   "--http-restricted-api", "health:k=TOPSECRET"])
+    assert status == 2
+    error = capsys.readouterr().err
+    assert "--http-use-ssl, --http-restricted-api: not available with --ray-replicas" in error
+    assert "TOPSECRET" not in error
