@@ -76,22 +76,22 @@ def guarded(endpoint: Any, guard: Guard | None) -> Any:
 
         return checked
 
-    async def checked_app(scope: Scope, receive: Receive, send: Send) -> None:
-        if guard.allows(scope["headers"]):
-            await endpoint(scope, receive, send)
-        else:
-            await send_json(send, status, body)
-
-    return _AsgiEndpoint(checked_app)
+    return _GuardedApp(endpoint, guard)
 
 
-class _AsgiEndpoint:
-    """A raw ASGI callable Starlette's Route mounts as an app (not a request handler)."""
+class _GuardedApp:
+    """A raw ASGI app behind a Guard (a class instance: Starlette's Route mounts it as an
+    app, not as a request handler)."""
 
-    __slots__ = ("_app",)
+    __slots__ = ("_app", "_guard")
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Any]) -> None:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Any], guard: Guard) -> None:
         self._app = app
+        self._guard = guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        guard = self._guard
+        if guard.allows(scope["headers"]):
+            await self._app(scope, receive, send)
+        else:
+            await send_json(send, guard.refusal[0], guard.refusal[2])
