@@ -104,6 +104,7 @@ def test_https_serves_stock_tritonclient_on_every_engine(repo: RepoBuilder, tmp_
         _plaintext_http_fails(server)
         assert client.is_server_live()  # the server goes on
         client.close()
+    assert str(certs.server_key.parent) not in server.log()  # no certificate path in the log, whatever the engine
 
 
 def test_https_plaintext_client_fails_cleanly_and_server_goes_on(repo: RepoBuilder, tmp_path: Path,
