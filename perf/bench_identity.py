@@ -12,6 +12,7 @@ and the throughput (infer/sec) and p50/p99 latency (microseconds) are read from 
     .venv/bin/python perf/bench_identity.py --smoke              # concurrency 4, a few seconds
     .venv/bin/python perf/bench_identity.py --baseline-cmd CMD   # this build vs another, interleaved
     .venv/bin/python perf/bench_identity.py --protocol grpc --baseline-arg='--grpc-server grpcio'  # vs other flags
+    .venv/bin/python perf/bench_identity.py --tls --protocol grpc  # over TLS vs plain, interleaved
 
 Triton is real tritonserver 2.51 (Python backend) started by
 ../shared/tools/triton-anchor serve ../shared/tools/triton_repo (run
@@ -20,6 +21,9 @@ and level: nereid, then Triton, the order flipped every other repeat), and the m
 nereid/Triton ratios are printed, with each server's CPU time per inference (read from
 /proc for its process group, over the model's success count), which a busy machine
 disturbs far less than throughput. --baseline-cmd compares two nereid builds the same way.
+--tls compares this build serving HTTPS and gRPC over TLS (certificates made with the
+openssl command in the work directory; perf_analyzer's --ssl-https-* / --ssl-grpc-* options
+trust them) with the same build in plaintext.
 
 Standard library only. Exit status: 0 all runs succeeded; 1 a server did not start or a run
 failed; 2 perf_analyzer is not installed (the test suite skips on 2); 130 interrupted.
@@ -117,6 +121,9 @@ class Server:
     name = "server"
     #: the model perf_analyzer loads and whose statistics are read
     model = MODEL
+    #: how HTTP is reached: "https" with ``ssl_context`` for a TLS server
+    scheme = "http"
+    ssl_context: Any = None
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
@@ -155,7 +162,7 @@ class Server:
             **grouping,
         )
         deadline = time.monotonic() + timeout
-        ready_url = f"http://{self.url}/v2/health/ready"
+        ready_url = f"{self.scheme}://{self.url}/v2/health/ready"
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(
@@ -163,7 +170,7 @@ class Server:
                     f"ready; its log ({self.log_path}) ends with:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(ready_url, timeout=2) as r:
+                with urllib.request.urlopen(ready_url, timeout=2, context=self.ssl_context) as r:
                     if r.status == 200:
                         break
             except (urllib.error.URLError, OSError):
@@ -223,13 +230,17 @@ class Server:
 
     def success_count(self) -> float:
         """The model's successful inferences so far, from the statistics extension."""
-        url = f"http://{self.url}/v2/models/{self.model}/stats"
+        url = f"{self.scheme}://{self.url}/v2/models/{self.model}/stats"
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
+            with urllib.request.urlopen(url, timeout=5, context=self.ssl_context) as r:
                 body = json.load(r)
             return float(body["model_stats"][0]["inference_stats"]["success"]["count"])
         except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
             return float("nan")
+
+    def perf_analyzer_args(self, protocol: str) -> list[str]:
+        """``-u`` and whatever else perf_analyzer needs to reach this server."""
+        return ["-u", self.grpc_url if protocol == "grpc" else self.url]
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -292,6 +303,59 @@ class Baseline(Nereid):
 
     def extra_args(self) -> list[str]:
         return list(self.args.baseline_arg) if self.args.baseline_arg else list(self.args.nereid_arg)
+
+
+class TlsNereid(Nereid):
+    """This build serving HTTPS and gRPC over TLS (``--tls``), with certificates made in
+    the work directory by the openssl command."""
+
+    name = "tls"
+    scheme = "https"
+
+    def __init__(self, log_dir: Path, args: argparse.Namespace) -> None:
+        super().__init__(log_dir, args)
+        import ssl
+
+        self.ca, self.cert, self.key = make_certificates(log_dir / "certificates")
+        self.ssl_context = ssl.create_default_context(cafile=str(self.ca))
+
+    def extra_args(self) -> list[str]:
+        return list(self.args.nereid_arg) + [
+            f"--http-use-ssl true --http-server-cert {self.cert} --http-server-key {self.key}",
+            f"--grpc-use-ssl true --grpc-server-cert {self.cert} --grpc-server-key {self.key}",
+        ]
+
+    def perf_analyzer_args(self, protocol: str) -> list[str]:
+        if protocol == "grpc":
+            return ["-u", self.grpc_url, "--ssl-grpc-use-ssl", "true",
+                    "--ssl-grpc-root-certifications-file", str(self.ca)]
+        return ["-u", f"https://{self.url}", "--ssl-https-verify-peer", "1", "--ssl-https-verify-host", "2",
+                "--ssl-https-ca-certificates-file", str(self.ca)]
+
+
+class PlainNereid(Nereid):
+    """The same build in plaintext, measured interleaved with ``TlsNereid``."""
+
+    name = "plain"
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """(CA, server certificate, server key) for 127.0.0.1, made with the openssl command."""
+    folder.mkdir(parents=True)
+    ca, ca_key = folder / "ca.pem", folder / "ca.key"
+    cert, key, csr = folder / "server.pem", folder / "server.key", folder / "server.csr"
+    ext = folder / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cmd in (
+        ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+         "-subj", "/CN=bench-ca", "-keyout", ca_key, "-out", ca],
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.1",
+         "-keyout", key, "-out", csr],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "2",
+         "-extfile", ext, "-out", cert],
+    ):
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    return ca, cert, key
 
 
 class Triton(Server):
@@ -409,7 +473,7 @@ def run_perf_analyzer(
     cmd = [
         str(args.perf_analyzer),
         "-m", server.model,
-        "-u", server.grpc_url if args.protocol == "grpc" else server.url,
+        *server.perf_analyzer_args(args.protocol),
         "-i", args.protocol,
         "-b", "1",
         "--concurrency-range", str(concurrency),
@@ -486,13 +550,14 @@ def summarize(
 
 
 def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[int]) -> None:
-    """One line per server and level; the ratios compare nereid with the other server run
-    (Triton or, with --baseline-cmd, another nereid build). ``cpu us``: the server's CPU time
-    per successful inference, less sensitive to a busy machine than throughput."""
+    """One line per server and level; the ratios compare the first server (nereid, or with
+    --tls nereid over TLS) with the other one run (Triton, another nereid build with
+    --baseline-cmd, plaintext with --tls). ``cpu us``: the server's CPU time per successful
+    inference, less sensitive to a busy machine than throughput."""
     head = (f"{'server':<8} {'conc':>5} {'infer/s':>10} {'p50 us':>9} {'p99 us':>9} "
             f"{'cpu us':>7} {'runs':>5}")
-    others = [s for s in servers if s != "nereid"]
-    reference = others[0] if "nereid" in servers and others else None
+    subject = servers[0] if servers else None
+    reference = servers[1] if len(servers) > 1 else None
     if reference:
         head += f"  {'thr ratio':>9} {'p50 ratio':>9} {'p99 ratio':>9} {'cpu ratio':>9}"
     print(head)
@@ -505,7 +570,7 @@ def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[
             line = (f"{s:<8} {c:>5} {fmt(r['throughput'], 1):>10} {fmt(r['p50_us']):>9} "  # type: ignore[arg-type]
                     f"{fmt(r['p99_us']):>9} {fmt(r['cpu_us']):>7} "  # type: ignore[arg-type]
                     f"{r['runs_ok']:>2}/{r['runs']:<1}{'~' if r['relaxed'] else ' '}")
-            if reference and s == "nereid":
+            if reference and s == subject:
                 t = by[(reference, c)]
                 ratios = [
                     float(r[k]) / float(t[k]) if float(t[k]) else float("nan")  # type: ignore[arg-type]
@@ -516,7 +581,7 @@ def print_table(rows: list[dict[str, object]], servers: list[str], levels: list[
     if any(r["relaxed"] for r in rows):
         print("~: some runs only stabilised with a wider perf_analyzer -s (see --retries)")
     if reference:
-        print(f"ratios are nereid / {reference}: throughput > 1 and latency, cpu < 1 favour nereid")
+        print(f"ratios are {subject} / {reference}: throughput > 1 and latency, cpu < 1 favour {subject}")
     sys.stdout.flush()
 
 
@@ -606,6 +671,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--triton", action="store_true",
                    help="also measure real Triton, interleaved with nereid")
     p.add_argument("--only-triton", action="store_true", help="measure Triton only")
+    p.add_argument("--tls", action="store_true",
+                   help="measure this build over TLS (HTTPS, or gRPC over TLS) against itself in plaintext")
     p.add_argument("--triton-anchor", default=str(ANCHOR), help="the triton-anchor script")
     p.add_argument("--triton-repo", default=str(TRITON_REPO),
                    help="Triton-format repository holding identity/")
@@ -652,7 +719,9 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="nereid-bench-"))
     servers: list[Server] = []
-    if not args.only_triton:
+    if args.tls:
+        servers += [TlsNereid(work, args), PlainNereid(work, args)]
+    elif not args.only_triton:
         servers.append(Nereid(work, args))
     if args.baseline_cmd or args.baseline_arg:
         if args.protocol == "grpc" and args.baseline_cmd:

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -329,8 +330,10 @@ class RunningServer:
 
 
 def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool = True,
-                 timeout: float = 60.0, engine: str | None = None) -> RunningServer:
-    """Start ``python -m nereid serve`` on a free loopback port and wait for health."""
+                 timeout: float = 60.0, engine: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 ready_headers: dict[str, str] | None = None) -> RunningServer:
+    """Start ``python -m nereid serve`` on a free loopback port and wait for health
+    (over HTTPS with ``ssl_context``; ``ready_headers`` for a restricted health group)."""
     port = free_port()
     log_path = log_dir / f"nereid-{port}.log"
     command = [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repository),
@@ -349,12 +352,14 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = RunningServer(process, port, log_path, grpc_port=grpc_port)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    base = f"https://{server.url}" if ssl_context is not None else server.http
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"nereid exited with {process.returncode}:\n{server.log()}")
         try:
-            with urllib.request.urlopen(server.http + path, timeout=1) as response:
+            ready = urllib.request.Request(base + path, headers=ready_headers or {})
+            with urllib.request.urlopen(ready, timeout=1, context=ssl_context) as response:
                 if response.status == 200:
                     return server
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):

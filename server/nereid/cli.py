@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from nereid import __version__
+from nereid.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
 from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
 
 __all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
@@ -80,6 +81,27 @@ def _port(text: str) -> int:
     return value
 
 
+def _http_restriction(text: str) -> Restriction:
+    try:
+        return parse_restriction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _grpc_restriction(text: str) -> Restriction:
+    try:
+        return parse_restriction(text, GRPC_KEY_PREFIX)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _metrics_restriction(text: str) -> Restriction:
+    try:
+        return parse_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int(text: str) -> int | None:
     try:
         return int(text)
@@ -95,6 +117,7 @@ class _Flag:
     help: str
     choices: Sequence[str] | None = None
     repeat: bool = False
+    metavar: str | None = None
 
 
 _DEFAULTS = ServerOptions()
@@ -146,6 +169,19 @@ _FLAGS = (
     _Flag("--http-header-timeout-secs", "http_header_timeout_secs", _seconds, f"seconds for a request head to arrive once begun; past it 408 and close (default {_DEFAULTS.http_header_timeout_secs:g})"),
     _Flag("--http-body-timeout-secs", "http_body_timeout_secs", _seconds, f"seconds a request body, or a client reading its answer, may stall; past it 408 and close (default {_DEFAULTS.http_body_timeout_secs:g})"),
     _Flag("--http-keepalive-timeout-secs", "http_keepalive_timeout_secs", _seconds, f"seconds an idle keep-alive connection stays open (default {_DEFAULTS.http_keepalive_timeout_secs:g})"),
+    _Flag("--http-use-ssl", "http_use_ssl", _bool, "serve HTTPS instead of HTTP (default false); needs --http-server-cert and --http-server-key"),
+    _Flag("--http-server-cert", "http_server_cert", Path, "HTTPS: the server's certificate (PEM; read at start)"),
+    _Flag("--http-server-key", "http_server_key", Path, "HTTPS: the server certificate's private key (PEM; read at start)"),
+    _Flag("--http-root-cert", "http_root_cert", Path, "HTTPS: the CA certificate(s) that sign client certificates (PEM; for --http-use-ssl-mutual)"),
+    _Flag("--http-use-ssl-mutual", "http_use_ssl_mutual", _bool, "HTTPS with client certificates: a client without one signed by --http-root-cert is refused (default false; implies --http-use-ssl)"),
+    _Flag("--grpc-use-ssl", "grpc_use_ssl", _bool, "serve gRPC over TLS (default false); needs --grpc-server-cert and --grpc-server-key"),
+    _Flag("--grpc-server-cert", "grpc_server_cert", Path, "gRPC TLS: the server's certificate (PEM; read at start)"),
+    _Flag("--grpc-server-key", "grpc_server_key", Path, "gRPC TLS: the server certificate's private key (PEM; read at start)"),
+    _Flag("--grpc-root-cert", "grpc_root_cert", Path, "gRPC TLS: the CA certificate(s) that sign client certificates (PEM; for --grpc-use-ssl-mutual)"),
+    _Flag("--grpc-use-ssl-mutual", "grpc_use_ssl_mutual", _bool, "gRPC TLS with client certificates: a client without one signed by --grpc-root-cert is refused (default false; implies --grpc-use-ssl)"),
+    _Flag("--http-restricted-api", "http_restricted_api", _http_restriction, f"HTTP endpoint groups that need header <key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable, a group in one only (groups: {', '.join(GROUPS)}); others get 403", repeat=True, metavar="GROUPS:KEY=VALUE"),
+    _Flag("--grpc-restricted-protocol", "grpc_restricted_protocol", _grpc_restriction, "gRPC groups that need metadata triton-grpc-protocol-<key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable (groups as --http-restricted-api); others get UNAVAILABLE", repeat=True, metavar="GROUPS:KEY=VALUE"),
+    _Flag("--metrics-restricted-api", "metrics_restricted_api", _metrics_restriction, "the metrics port needs header <key> with <value>: <key>=<value> (others get 403)", metavar="KEY=VALUE"),
 )
 
 
@@ -171,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["action"] = "extend"
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "NAME"
+        if row.metavar:
+            kwargs["metavar"] = row.metavar
         if row.field == "model_repository":
             kwargs["required"] = True
         serve.add_argument(row.flag, **kwargs)
@@ -262,6 +300,14 @@ def _prepare(options: ServerOptions) -> Callable[[], int]:
     ValueError for a setting the server refuses (e.g. poll secs 0), before anything
     starts."""
     if options.ray_replicas or options.ray_max_replicas:
+        secured = [
+            row.flag for row in _FLAGS
+            if row.field.endswith(("use_ssl", "use_ssl_mutual", "restricted_api", "restricted_protocol"))
+            and getattr(options, row.field)
+        ]
+        if secured:
+            # Ray's own proxies serve the ports: nereid's TLS and restrictions would not apply.
+            raise ValueError(f"{', '.join(secured)}: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
         from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
 
         return lambda: run_on_ray(options)

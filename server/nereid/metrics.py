@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 from operator import attrgetter
@@ -33,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from nereid.access import Refusals, Restriction
 from nereid.model_manager import ModelManager
 from nereid.stats import QUEUE_BUCKETS_US, ModelStats
 
@@ -259,13 +261,33 @@ def _number(value: float) -> str:
 # -- the server's metrics -----------------------------------------------------------------
 
 
+class RefusalsCollector(Collector):
+    """``nereid_restricted_refusals``: requests refused for want of a restricted group's
+    key, by protocol (http, grpc, metrics) and group. Only groups that refused appear."""
+
+    def __init__(self, refusals: Refusals) -> None:
+        self._refusals = refusals
+
+    def collect(self) -> Iterator[Metric]:
+        yield _counter(
+            "nereid_restricted_refusals",
+            "Requests refused for want of a restricted endpoint group's key (--http-restricted-api, "
+            "--grpc-restricted-protocol, --metrics-restricted-api)",
+            (({"protocol": protocol, "group": group}, count)
+             for (protocol, group), count in sorted(self._refusals.counts.items())),
+        )
+
+
 class Metrics:
     """One server's registry: Triton's per-model series and nereid's batching series
-    for the models of ``manager``. ``registry`` is exposed for extra collectors."""
+    for the models of ``manager``, and the refusals of restricted groups.
+    ``registry`` is exposed for extra collectors."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, refusals: Refusals | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelStatsCollector(lambda: read_models(manager)))
+        if refusals is not None:
+            self.registry.register(RefusalsCollector(refusals))
 
     def render(self) -> bytes:
         return render(self.registry)
@@ -276,7 +298,7 @@ class Metrics:
 _MAX_HEADER_LINES = 100
 _MAX_BODY = 1 << 20
 _IDLE_SECONDS = 75.0
-_REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed"}
 
 
 class MetricsListener:
@@ -288,8 +310,13 @@ class MetricsListener:
     ignored; anything unparsable gets 400 and the connection is closed.
     """
 
-    def __init__(self, render: Callable[[], bytes]) -> None:
+    def __init__(
+        self, render: Callable[[], bytes], restriction: Restriction | None = None, refusals: Refusals | None = None,
+    ) -> None:
         self._render = render
+        #: --metrics-restricted-api: the header every request needs (None: none)
+        self._restriction = restriction
+        self._refusals = refusals if refusals is not None else Refusals()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port: int | None = None
@@ -339,6 +366,8 @@ class MetricsListener:
         keep_alive = version == "HTTP/1.1"
         length = 0
         chunked = False
+        restriction = self._restriction
+        presented: str | None = None
         for _ in range(_MAX_HEADER_LINES):
             header = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
             if header in (b"\r\n", b"\n", b""):
@@ -353,6 +382,8 @@ class MetricsListener:
                 length = int(value)
             elif name == "transfer-encoding":
                 chunked = "chunked" in value.lower()
+            elif restriction is not None and name == restriction.name and presented is None:
+                presented = value
             elif name == "connection":
                 tokens = {t.strip().lower() for t in value.split(",")}
                 if "close" in tokens:
@@ -369,7 +400,12 @@ class MetricsListener:
         path = target.split("?", 1)[0]
         if "://" in path:  # absolute-form target
             path = "/" + path.split("://", 1)[1].partition("/")[2]
-        if method != "GET":
+        if restriction is not None and not restriction.allows(presented):
+            self._refusals.count("metrics", "metrics")
+            body = json.dumps({"error": restriction.http_message()}, separators=(",", ":")).encode()
+            await _respond(writer, 403, body, close=not keep_alive, content_type="application/json",
+                           head_only=method == "HEAD")
+        elif method != "GET":
             await _respond(writer, 405, b'{"error":"Method Not Allowed"}', close=not keep_alive,
                            content_type="application/json", head_only=method == "HEAD")
         elif path in ("/metrics", "/metrics/"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nereid.access import Restriction
+
 __all__ = ["ServerOptions", "GRPC_SERVERS", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
 
 HTTP_SERVERS = ("native", "uvicorn", "granian", "hypercorn")
@@ -85,3 +87,21 @@ class ServerOptions:
     http_keepalive_timeout_secs: float = 75.0
     #: open connections at most (503 and close past it).
     http_max_connections: int = 10_000
+    #: HTTPS (nereid's flags, in the style of Triton's gRPC ones): the server's PEM
+    #: certificate and key, the CA of client certificates, and whether clients must have one.
+    http_use_ssl: bool = False
+    http_server_cert: Path | None = None
+    http_server_key: Path | None = None
+    http_root_cert: Path | None = None
+    http_use_ssl_mutual: bool = False
+    #: gRPC over TLS (Triton's flags).
+    grpc_use_ssl: bool = False
+    grpc_server_cert: Path | None = None
+    grpc_server_key: Path | None = None
+    grpc_root_cert: Path | None = None
+    grpc_use_ssl_mutual: bool = False
+    #: endpoint groups that need a header (Triton's --http-restricted-api /
+    #: --grpc-restricted-protocol), and the metrics port's (--metrics-restricted-api).
+    http_restricted_api: tuple[Restriction, ...] = field(default_factory=tuple)
+    grpc_restricted_protocol: tuple[Restriction, ...] = field(default_factory=tuple)
+    metrics_restricted_api: Restriction | None = None

@@ -16,10 +16,12 @@ import math
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from nereid.access import Refusals, restriction_table
 from nereid.listening import StartupError, fit_open_file_limit, listen, listen_error
 from nereid.http import create_app
 from nereid.http.app import NereidApp
@@ -30,6 +32,7 @@ from nereid.model_manager import IndexEntry
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
 from nereid.request_budget import RequestBudget
+from nereid.tls import TlsFiles, reload_certificate, server_context
 
 if TYPE_CHECKING:
     from nereid.grpc.native import NativeGrpcServer
@@ -75,14 +78,24 @@ class Server(InProcessServer):
         self.shm = SharedMemoryManager()
         #: request bytes held at once over HTTP and gRPC (--max-request-bytes-in-flight)
         self.request_budget = RequestBudget(self.options.max_request_bytes_in_flight)
-        self.metrics = Metrics(self.manager)
+        #: requests refused for want of a restricted group's key (counted in /metrics)
+        self.refusals = Refusals()
+        self.metrics = Metrics(self.manager, self.refusals)
         #: the bound metrics port while serving (None when metrics are off or failed to bind).
         self.metrics_port: int | None = None
         #: the bound gRPC port while serving (None when gRPC is off).
         self.grpc_port: int | None = None
-        self.app: NereidApp = create_app(self.manager, options_, on_started=self._on_started, shm=self.shm)
+        self.app: NereidApp = create_app(
+            self.manager, options_, on_started=self._on_started, shm=self.shm, refusals=self.refusals
+        )
+        restriction_table(options_.grpc_restricted_protocol, "--grpc-restricted-protocol")  # refused now, not at serve()
+        #: HTTPS and gRPC TLS settings (None: plaintext); files are read at serve()
+        self.http_tls = _tls_files(options_, "http")
+        self.grpc_tls = _tls_files(options_, "grpc")
         self._shutdown: asyncio.Event | None = None
         self.started: asyncio.Event | None = None
+        #: the TLS contexts nereid's own engines listen with, which SIGHUP reloads
+        self._reloadable: list[tuple[TlsFiles, ssl.SSLContext]] = []
 
     def _on_started(self) -> None:
         table = format_model_table(self.manager.states())
@@ -96,6 +109,23 @@ class Server(InProcessServer):
         gc.freeze()
         if self.started is not None:
             self.started.set()
+
+    def reload_certificates(self) -> None:
+        """Read the server certificates and keys again (SIGHUP): connections made after
+        this use them. Only nereid's own engines can (the ASGI engines and grpcio read
+        theirs at start); a pair that cannot be used is logged and the old one kept."""
+        for files, context in self._reloadable:
+            try:
+                reload_certificate(context, files)
+            except StartupError as exc:
+                _log.error("TLS: %s; still serving the certificate read before", exc)
+            else:
+                _log.info("TLS: %s-server-cert and %s-server-key read again", files.prefix, files.prefix)
+        reloaded = [files for files, _ in self._reloadable]
+        for settings in (self.http_tls, self.grpc_tls):
+            if settings is not None and settings not in reloaded:
+                _log.warning("TLS: %s certificates are read at start only by this engine (restart to replace them)",
+                             settings.prefix)
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe to call from a signal handler on the loop)."""
@@ -113,6 +143,14 @@ class Server(InProcessServer):
         engine = options.http_server
         if engine not in ("native", "uvicorn", "hypercorn", "granian"):
             raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
+        # Certificates are read once, here: a bad one stops the server before any port is bound.
+        http_tls = server_context(self.http_tls, ("http/1.1",)) if self.http_tls is not None else None
+        grpc_tls = server_context(self.grpc_tls, ("h2",)) if self.grpc_tls is not None else None
+        self._reloadable = []
+        if self.http_tls is not None and http_tls is not None and engine == "native":
+            self._reloadable.append((self.http_tls, http_tls))
+        if self.grpc_tls is not None and grpc_tls is not None and options.grpc_server == "native" and options.allow_grpc:
+            self._reloadable.append((self.grpc_tls, grpc_tls))
         listener: socket.socket | None = None
         fd = options.http_fd
         if fd is None and engine == "native":
@@ -133,13 +171,16 @@ class Server(InProcessServer):
             where = f"fd {fd}"
         fit_open_file_limit(options.http_max_connections)
         if where:
-            _log.info("nereid serving %s on %s (HTTP engine: %s)", options.model_repository, where, engine)
-        grpc_server = await self._start_grpc()
+            _log.info(
+                "nereid serving %s on %s (HTTP engine: %s%s)", options.model_repository, where, engine,
+                ", HTTPS" if http_tls is not None else "",
+            )
+        grpc_server = await self._start_grpc(grpc_tls)
         metrics = await self._start_metrics()
         stopping = asyncio.create_task(self._stop_grpc_on_shutdown(grpc_server))
         try:
             if engine == "native":
-                await self._serve_native(fd)
+                await self._serve_native(fd, http_tls)
             elif engine == "uvicorn":
                 await self._serve_uvicorn(fd)
             elif engine == "hypercorn":
@@ -159,9 +200,10 @@ class Server(InProcessServer):
             self.shm.close()
         _log.info("nereid stopped")
 
-    async def _start_grpc(self) -> GrpcServer | NativeGrpcServer | None:
+    async def _start_grpc(self, tls: ssl.SSLContext | None) -> GrpcServer | NativeGrpcServer | None:
         """gRPC on --grpc-port (same address as HTTP), bound before any model loads; a
-        port that cannot be bound stops the server with one line, as for HTTP."""
+        port that cannot be bound stops the server with one line, as for HTTP. ``tls``:
+        over TLS (--grpc-use-ssl)."""
         options = self.options
         if not options.allow_grpc:
             return None
@@ -171,16 +213,16 @@ class Server(InProcessServer):
         service = InferenceService(self.manager, options, self.shm)
         server: GrpcServer | NativeGrpcServer
         if options.grpc_server == "grpcio":
-            server = GrpcServer(service, options)
+            server = GrpcServer(service, options, tls=self.grpc_tls if tls is not None else None, refusals=self.refusals)
         else:
-            server = NativeGrpcServer(service, options, budget=self.request_budget)
+            server = NativeGrpcServer(service, options, budget=self.request_budget, tls=tls, refusals=self.refusals)
         try:
             self.grpc_port = await server.start()
         except StartupError as exc:
             raise StartupError(f"{exc} (or --allow-grpc false)") from exc
         except OSError as exc:
             raise StartupError(f"{exc} (another server is running there? choose another --grpc-port, or --allow-grpc false)") from exc
-        _log.info("gRPC on %s:%d", options.http_address, self.grpc_port)
+        _log.info("gRPC on %s:%d%s", options.http_address, self.grpc_port, " (TLS)" if tls is not None else "")
         return server
 
     async def _stop_grpc_on_shutdown(self, server: GrpcServer | NativeGrpcServer | None) -> None:
@@ -197,7 +239,7 @@ class Server(InProcessServer):
         options = self.options
         if not options.allow_metrics:
             return None
-        listener = MetricsListener(self.metrics.render)
+        listener = MetricsListener(self.metrics.render, options.metrics_restricted_api, self.refusals)
         try:
             await listener.start(options.http_address, options.metrics_port)
         except OSError as exc:
@@ -211,7 +253,7 @@ class Server(InProcessServer):
         _log.info("metrics on http://%s:%d/metrics", options.http_address, listener.port)
         return listener
 
-    async def _serve_native(self, fd: int | None) -> None:
+    async def _serve_native(self, fd: int | None, tls: ssl.SSLContext | None) -> None:
         from nereid.http.connection_limits import ConnectionLimits
         from nereid.http.native import NativeServer
 
@@ -230,11 +272,15 @@ class Server(InProcessServer):
             bound = True
             if fd is None:  # the port actually bound (0 picks one)
                 host, port = list(listener.sockets)[0].getsockname()[:2]  # type: ignore[attr-defined]
-                _log.info("nereid serving %s on %s:%d (HTTP engine: native)", options.model_repository, host, port)
+                _log.info(
+                    "nereid serving %s on %s:%d (HTTP engine: native%s)", options.model_repository, host, port,
+                    ", HTTPS" if tls is not None else "",
+                )
 
         try:
             await server.serve(
-                self._shutdown, host=options.http_address, port=options.http_port, fd=fd, on_listening=listening
+                self._shutdown, host=options.http_address, port=options.http_port, fd=fd, on_listening=listening,
+                tls=tls,
             )
         except OSError as exc:
             if not bound:  # a busy port, a bad address: one line, before any model loads
@@ -261,6 +307,7 @@ class Server(InProcessServer):
             # the limits uvicorn has (README, "Limits on other engines")
             timeout_keep_alive=max(1, math.ceil(options.http_keepalive_timeout_secs)),
             limit_concurrency=options.http_max_connections,
+            **_uvicorn_tls(self.http_tls),
         )
         server = _quiet_uvicorn(config)
         assert self._shutdown is not None
@@ -286,6 +333,14 @@ class Server(InProcessServer):
         config.keep_alive_timeout = options.http_keepalive_timeout_secs
         config.h11_max_incomplete_size = options.http_max_header_size
         config.read_timeout = math.ceil(options.http_body_timeout_secs)
+        tls = self.http_tls
+        if tls is not None:
+            config.certfile = str(tls.cert)
+            config.keyfile = str(tls.key)
+            if tls.root is not None:
+                config.ca_certs = str(tls.root)
+            if tls.mutual:
+                config.verify_mode = ssl.CERT_REQUIRED
         assert self._shutdown is not None
         await serve(self.app, config, shutdown_trigger=self._shutdown.wait)  # type: ignore[arg-type]
 
@@ -304,6 +359,7 @@ class Server(InProcessServer):
             interface=Interfaces.ASGI,
             log_level=LogLevels.warning,
             websockets=False,
+            **_granian_tls(self.http_tls),
         )
         assert self._shutdown is not None
         serving = asyncio.create_task(server.serve())
@@ -328,6 +384,7 @@ class Server(InProcessServer):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.shutdown)
+            loop.add_signal_handler(signal.SIGHUP, self.reload_certificates)
             await self.serve()
 
         try:
@@ -349,6 +406,39 @@ class Server(InProcessServer):
             sys.stderr.flush()
             os._exit(1)
         return 0
+
+
+def _tls_files(options: ServerOptions, protocol: str) -> TlsFiles | None:
+    """The TLS settings of ``protocol`` (http or grpc) from its --<protocol>-* flags, None
+    for plaintext (mutual TLS implies TLS)."""
+    def get(name: str) -> Any:
+        return getattr(options, f"{protocol}_{name}")
+
+    if not (get("use_ssl") or get("use_ssl_mutual")):
+        return None
+    return TlsFiles(f"--{protocol}", get("server_cert"), get("server_key"), get("root_cert"), get("use_ssl_mutual"))
+
+
+def _uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    settings: dict[str, Any] = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+    if tls.root is not None:
+        settings["ssl_ca_certs"] = str(tls.root)
+    if tls.mutual:
+        settings["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return settings
+
+
+def _granian_tls(tls: TlsFiles | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    settings: dict[str, Any] = {"ssl_cert": tls.cert, "ssl_key": tls.key}
+    if tls.root is not None:
+        settings["ssl_ca"] = tls.root
+    if tls.mutual:
+        settings["ssl_client_verify"] = True
+    return settings
 
 
 def _quiet_uvicorn(config: Any) -> Any:

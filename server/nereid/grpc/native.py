@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -23,9 +24,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from nereid.access import Refusals, Restriction, restriction_table
 from nereid.errors import NereidError
 from nereid.grpc.codec import status_of
-from nereid.grpc.service import AbortContext, CallAborted, InferenceService
+from nereid.grpc.service import METHOD_GROUPS, AbortContext, CallAborted, InferenceService
 from nereid.grpc.limits import TransportLimits
 from nereid.grpc.transport import GrpcConnection, GrpcStream, PingPolicy, Status
 from nereid.listening import listen
@@ -42,13 +44,35 @@ _SWEEP_S = 1.0
 
 
 class _Method:
-    __slots__ = ("name", "request_type", "implementation", "streaming")
+    """One RPC: its request type, the service's implementation and, when its group is
+    restricted (--grpc-restricted-protocol), the restriction and its metadata key."""
 
-    def __init__(self, name: str, request_type: Any, implementation: Any, streaming: bool) -> None:
+    __slots__ = ("name", "request_type", "implementation", "streaming", "group", "restriction", "key")
+
+    def __init__(
+        self, name: str, request_type: Any, implementation: Any, streaming: bool, restriction: Restriction | None,
+    ) -> None:
         self.name = name
         self.request_type = request_type
         self.implementation = implementation
         self.streaming = streaming
+        self.group = METHOD_GROUPS[name]
+        self.restriction = restriction
+        self.key = restriction.name.encode("latin-1") if restriction is not None else b""
+
+
+class _TlsConnection(GrpcConnection):
+    """A connection over TLS: the server counts it (and sweeps it) once its TLS handshake
+    is done, so one whose handshake fails or times out (the loop drops it without telling
+    the protocol) is never left behind in ``connections``."""
+
+    def __init__(self, server: NativeGrpcServer, refusal: str | None) -> None:
+        super().__init__(server, refusal=refusal)
+        self._server = server
+
+    def connection_made(self, transport: Any) -> None:
+        self._server.connections.add(self)
+        super().connection_made(transport)
 
 
 class _Call:
@@ -80,9 +104,13 @@ class NativeGrpcServer:
 
     def __init__(
         self, service: InferenceService, options: ServerOptions, clock: Callable[[], float] = time.monotonic,
-        budget: RequestBudget | None = None,
+        budget: RequestBudget | None = None, tls: ssl.SSLContext | None = None, refusals: Refusals | None = None,
     ) -> None:
         self.service = service
+        #: the TLS context (--grpc-use-ssl; ALPN h2), None for plaintext
+        self.tls = tls
+        #: calls refused for want of a restricted group's key
+        self.refusals = refusals if refusals is not None else Refusals()
         self.limits = TransportLimits.from_options(options)
         #: request bytes held, shared with the server's HTTP engine when it passes its own
         self.budget = budget if budget is not None else RequestBudget(options.max_request_bytes_in_flight)
@@ -109,16 +137,17 @@ class NativeGrpcServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self._methods = self._method_table(service)
+        restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
+        self._methods = self._method_table(service, restrictions)
         self._model_infer = self._methods[f"/{_SERVICE}/ModelInfer".encode()]
 
     @staticmethod
-    def _method_table(service: InferenceService) -> dict[bytes, _Method]:
+    def _method_table(service: InferenceService, restrictions: dict[str, Restriction]) -> dict[bytes, _Method]:
         descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
         return {
             f"/{_SERVICE}/{method.name}".encode(): _Method(
                 method.name, getattr(service_pb2, method.input_type.name), getattr(service, method.name),
-                method.server_streaming,
+                method.server_streaming, restrictions.get(METHOD_GROUPS[method.name]),
             )
             for method in descriptor.methods
         }
@@ -129,7 +158,12 @@ class NativeGrpcServer:
         """Listen; the bound port (0 picks one). OSError (StartupError) when it cannot be bound."""
         loop = asyncio.get_running_loop()
         sock = listen(self.address, self.requested_port, "--grpc-port")
-        self._listener = await loop.create_server(self._connection, sock=sock, backlog=2048)
+        secure: dict[str, Any] = {}
+        if self.tls is not None:
+            # The loop does TLS handshakes without blocking: unfinished ones delay nobody,
+            # and one not done within the handshake timeout is dropped.
+            secure = {"ssl": self.tls, "ssl_handshake_timeout": self.limits.handshake_timeout}
+        self._listener = await loop.create_server(self._connection, sock=sock, backlog=2048, **secure)
         self.port = int(sock.getsockname()[1])
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep)
         return self.port
@@ -139,6 +173,8 @@ class NativeGrpcServer:
         if len(self.connections) >= self.limits.max_connections:
             self.refused_connections += 1
             refusal = f"server has {self.limits.max_connections} open gRPC connections, its limit (--grpc-max-connections)"
+        if self.tls is not None:
+            return _TlsConnection(self, refusal)  # counted once its handshake is done
         connection = GrpcConnection(self, refusal=refusal)
         self.connections.add(connection)
         return connection
@@ -206,6 +242,11 @@ class NativeGrpcServer:
         if method is None:
             path = headers.get(b":path", b"").decode("latin-1")
             connection.finish(stream, Status.UNIMPLEMENTED, f"Method not found: {path}")
+            return
+        restriction = method.restriction  # None unless the method's group is restricted
+        if restriction is not None and not restriction.allows(headers.get(method.key)):
+            self.refusals.count("grpc", method.group)
+            connection.finish(stream, Status.UNAVAILABLE, restriction.grpc_message())
             return
         call = stream.call = _Call(method, time.monotonic_ns())
         timeout = headers.get(b"grpc-timeout")

@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from nereid import admin
+from nereid.access import Refusals, Restriction, restriction_table
 from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
 from nereid.grpc.codec import decode_request, encode_response, status_of
 from nereid.log import LogSettings, apply_log_settings, log_settings
@@ -33,13 +34,28 @@ from nereid.serving import Ticket
 from nereid.model_tables import ModelTables
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
+from nereid.tls import TlsFiles
 
-__all__ = ["AbortContext", "CallAborted", "GrpcServer", "InferenceService"]
+__all__ = ["AbortContext", "CallAborted", "GrpcServer", "InferenceService", "METHOD_GROUPS"]
 
 _log = logging.getLogger("nereid")
 
 #: How ``start_infer`` answers: (the ModelInferResponse, None) or (None, the error).
 OnResponse = Callable[[Any, "BaseException | None"], None]
+
+#: The restricted group (--grpc-restricted-protocol) of each RPC, as Triton groups them.
+METHOD_GROUPS = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
 
 #: Requests of one ModelStreamInfer stream started ahead of the answer being written.
 STREAM_READ_AHEAD = 256
@@ -413,17 +429,22 @@ def _parameter(value: Any) -> Any:
     return getattr(value, kind) if kind is not None else None
 
 
-def _handlers(service: InferenceService) -> Any:
+def _handlers(service: InferenceService, restrictions: dict[str, Restriction], refusals: Refusals) -> Any:
     """The service's method handlers, as the generated ``add_..._to_server`` makes them,
     except that requests arrive as bytes and are parsed in the handler: a message that
     does not parse is INTERNAL "Unable to parse request", as Triton answers (grpcio's
-    own deserializer failure would be UNKNOWN)."""
+    own deserializer failure would be UNKNOWN). A method of a restricted group checks
+    its metadata key first."""
     descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {}
     for method in descriptor.methods:
         request_type = getattr(service_pb2, method.input_type.name)
         response_type = getattr(service_pb2, method.output_type.name)
         implementation = getattr(service, method.name)
+        group = METHOD_GROUPS[method.name]
+        restriction = restrictions.get(group)
+        if restriction is not None:
+            implementation = _restricted(implementation, restriction, group, refusals, method.server_streaming)
         if method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
                 _parsing_stream(implementation, request_type), response_serializer=response_type.SerializeToString
@@ -433,6 +454,38 @@ def _handlers(service: InferenceService) -> Any:
                 _parsing(implementation, request_type), response_serializer=response_type.SerializeToString
             )
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+def _restricted(implementation: Any, restriction: Restriction, group: str, refusals: Refusals, streaming: bool) -> Any:
+    """``implementation`` ending calls without ``restriction``'s metadata key with
+    UNAVAILABLE, as Triton does."""
+
+    def allowed(context: Any) -> bool:
+        presented = None
+        for key, value in context.invocation_metadata() or ():
+            if key == restriction.name:
+                presented = value
+                break
+        if restriction.allows(presented):
+            return True
+        refusals.count("grpc", group)
+        return False
+
+    if streaming:
+        async def stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+            if not allowed(context):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, restriction.grpc_message())
+            async for response in implementation(requests, context):
+                yield response
+
+        return stream
+
+    async def unary(request: Any, context: Any) -> Any:
+        if not allowed(context):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, restriction.grpc_message())
+        return await implementation(request, context)
+
+    return unary
 
 
 def _parsing(implementation: Any, request_type: Any) -> Any:
@@ -461,11 +514,28 @@ def _parsing_stream(implementation: Any, request_type: Any) -> Any:
     return handle
 
 
+def _credentials(files: TlsFiles) -> Any:
+    """grpcio's server credentials from the --grpc-* TLS files (checked by server_context
+    first, so they exist and parse)."""
+    assert files.cert is not None and files.key is not None
+    root = files.root.read_bytes() if files.root is not None else None
+    return grpc.ssl_server_credentials(
+        [(files.key.read_bytes(), files.cert.read_bytes())], root_certificates=root, require_client_auth=files.mutual,
+    )
+
+
 class GrpcServer:
     """The gRPC listener of one nereid server, on its event loop."""
 
-    def __init__(self, service: InferenceService, options: ServerOptions) -> None:
+    def __init__(
+        self, service: InferenceService, options: ServerOptions, tls: TlsFiles | None = None,
+        refusals: Refusals | None = None,
+    ) -> None:
         self.service = service
+        #: --grpc-use-ssl: the files grpcio's credentials are read from (None: plaintext)
+        self.tls = tls
+        self.refusals = refusals if refusals is not None else Refusals()
+        self.restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self.address = options.http_address
         self.requested_port = options.grpc_port
         self.options = [
@@ -485,10 +555,13 @@ class GrpcServer:
     async def start(self) -> int:
         """Listen; the bound port (0 picks one). OSError when it cannot be bound."""
         server = grpc.aio.server(options=self.options)
-        server.add_generic_rpc_handlers((_handlers(self.service),))
+        server.add_generic_rpc_handlers((_handlers(self.service, self.restrictions, self.refusals),))
         where = f"{self.address}:{self.requested_port}"
         try:
-            port = int(server.add_insecure_port(where))
+            if self.tls is None:
+                port = int(server.add_insecure_port(where))
+            else:
+                port = int(server.add_secure_port(where, _credentials(self.tls)))
         except RuntimeError as exc:  # grpcio's "Failed to bind"
             raise OSError(f"cannot listen on {where} for gRPC: {exc}") from exc
         if port == 0 and self.requested_port != 0:

@@ -21,11 +21,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
+from nereid.access import Refusals, restriction_table
 from nereid.http._asgi import Message, Receive, Scope, Send, send_json
 from nereid.http.endpoints import Endpoints
 from nereid.http.errors import error_json, internal_error_json
 from nereid.http.generate import GenerateHandler
 from nereid.http.operations import Operations
+from nereid.http.restricted import Guard, guarded
 from nereid.model_manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.shared_memory import SharedMemoryManager
@@ -42,11 +44,14 @@ _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
 class NereidApp:
     """The ASGI application: infer requests go straight to their handler; everything else
-    (and lifespan) to the Starlette app. ``starlette`` is exposed for embedding."""
+    (and lifespan) to the Starlette app. ``starlette`` is exposed for embedding.
+    ``infer_guard`` checks infer requests when the inference group is restricted (None:
+    it is not, and infer requests are not looked at)."""
 
-    def __init__(self, starlette: Starlette, endpoints: Endpoints) -> None:
+    def __init__(self, starlette: Starlette, endpoints: Endpoints, infer_guard: Guard | None = None) -> None:
         self.starlette = starlette
         self.endpoints = endpoints
+        self.infer_guard = infer_guard
 
     def match_infer(self, path: str) -> tuple[str, str | None] | None:
         """(model name, version text or None) when ``path`` is an infer path."""
@@ -84,6 +89,10 @@ class NereidApp:
         if method == "POST" and path.endswith("/infer"):
             route = self.match_infer(path)
             if route is not None:
+                guard = self.infer_guard
+                if guard is not None and not guard.allows(scope["headers"]):
+                    await send_json(send, guard.refusal[0], guard.refusal[2])
+                    return
                 await self.endpoints.infer(scope, receive, send, *route)
                 return
         elif method == "HEAD" or method == "OPTIONS":
@@ -103,13 +112,23 @@ def create_app(
     *,
     on_started: Callable[[], Awaitable[None] | None] | None = None,
     shm: SharedMemoryManager | None = None,
+    refusals: Refusals | None = None,
 ) -> NereidApp:
     """The ASGI app for one ModelManager. Its lifespan starts the manager (models load in
     the background, so health/live answers at once and ready turns true when they are
     done; then ``on_started`` runs) and closes it on shutdown. ``shm`` holds the
-    client-registered shared-memory regions (a fresh manager when not given)."""
+    client-registered shared-memory regions (a fresh manager when not given). The groups
+    of ``options.http_restricted_api`` need their key (ValueError when a group is in two);
+    ``refusals`` counts the requests refused."""
     if shm is None:
         shm = SharedMemoryManager()
+    restrictions = restriction_table(options.http_restricted_api, "--http-restricted-api")
+    counted = refusals if refusals is not None else Refusals()
+    guards = {group: Guard(group, restriction, counted) for group, restriction in restrictions.items()}
+
+    def route(path: str, endpoint: object, group: str, methods: list[str]) -> Route:
+        return Route(path, guarded(endpoint, guards.get(group)), methods=methods)
+
     endpoints = Endpoints(manager, options, shm=shm)
     e = endpoints
     ops = Operations(manager, options, shm)
@@ -118,34 +137,35 @@ def create_app(
     get, post, get_post = ["GET"], ["POST"], ["GET", "POST"]
     model = "/v2/models/{name}"
     routes = [
-        Route("/v2/models/stats", e.all_stats, methods=get),
-        Route("/v2/health/live", e.health_live, methods=get),
-        Route("/v2/health/ready", e.health_ready, methods=get),
-        Route("/v2", e.server_metadata, methods=get),
+        route("/v2/models/stats", e.all_stats, "statistics", get),
+        route("/v2/health/live", e.health_live, "health", get),
+        route("/v2/health/ready", e.health_ready, "health", get),
+        route("/v2", e.server_metadata, "metadata", get),
     ]
     # Each model route, for the model and for one of its versions.
-    for tail, handler, methods in (
-        ("", e.model_metadata, get),
-        ("/ready", e.model_ready, get),
-        ("/config", e.model_config, get),
-        ("/stats", e.model_stats, get),
-        ("/infer", _method_not_allowed, post),
+    for tail, handler, group, methods in (
+        ("", e.model_metadata, "metadata", get),
+        ("/ready", e.model_ready, "health", get),
+        ("/config", e.model_config, "model-config", get),
+        ("/stats", e.model_stats, "statistics", get),
+        ("/infer", _method_not_allowed, "inference", post),
         # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
-        ("/generate", generate, post),
-        ("/generate_stream", generate_stream, post),
+        ("/generate", generate, "inference", post),
+        ("/generate_stream", generate_stream, "inference", post),
     ):
-        routes.append(Route(model + tail, handler, methods=methods))
-        routes.append(Route(model + "/versions/{version:int}" + tail, handler, methods=methods))
+        routes.append(route(model + tail, handler, group, methods))
+        routes.append(route(model + "/versions/{version:int}" + tail, handler, group, methods))
+    repository = "model-repository"
     routes += [
-        Route("/v2/repository/index", e.repository_index, methods=post),
-        Route("/v2/repository/{repo}/index", e.repository_index, methods=post),
-        Route("/v2/repository/models/{name}/load", e.repository_load, methods=post),
-        Route("/v2/repository/models/{name}/unload", e.repository_unload, methods=post),
-        Route("/v2/repository/{repo}/models/{name}/load", e.repository_load, methods=post),
-        Route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, methods=post),
-        Route("/v2/logging", ops.logging, methods=get_post),
-        Route("/v2/trace/setting", ops.trace_setting, methods=get_post),
-        Route(model + "/trace/setting", ops.trace_setting, methods=get_post),
+        route("/v2/repository/index", e.repository_index, repository, post),
+        route("/v2/repository/{repo}/index", e.repository_index, repository, post),
+        route("/v2/repository/models/{name}/load", e.repository_load, repository, post),
+        route("/v2/repository/models/{name}/unload", e.repository_unload, repository, post),
+        route("/v2/repository/{repo}/models/{name}/load", e.repository_load, repository, post),
+        route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, repository, post),
+        route("/v2/logging", ops.logging, "logging", get_post),
+        route("/v2/trace/setting", ops.trace_setting, "trace", get_post),
+        route(model + "/trace/setting", ops.trace_setting, "trace", get_post),
     ]
     # Each shared-memory route, for every region and for one named region.
     for root, status, register, unregister in (
@@ -155,8 +175,8 @@ def create_app(
         for action, handler, methods in (
             ("/status", status, get), ("/register", register, post), ("/unregister", unregister, post)
         ):
-            routes.append(Route(root + action, handler, methods=methods))
-            routes.append(Route(root + "/region/{region}" + action, handler, methods=methods))
+            routes.append(route(root + action, handler, "shared-memory", methods))
+            routes.append(route(root + "/region/{region}" + action, handler, "shared-memory", methods))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -183,7 +203,7 @@ def create_app(
         exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
     )
     starlette.router.redirect_slashes = False
-    return NereidApp(starlette, endpoints)
+    return NereidApp(starlette, endpoints, guards.get("inference"))
 
 
 async def _method_not_allowed(request: Request) -> Response:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -148,18 +149,25 @@ class NativeServer:
     async def serve(
         self, shutdown: asyncio.Event, *, host: str = "127.0.0.1", port: int = 8000, fd: int | None = None,
         on_listening: Callable[[asyncio.AbstractServer], None] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """Listen (by address: the loop's own listening socket, which served measurably
         faster here than one bound beforehand and handed over), tell ``on_listening``,
         then start the app (the models load) and serve until ``shutdown``. An OSError
-        from listening comes before any model loads."""
+        from listening comes before any model loads. With ``tls`` the socket speaks
+        HTTPS; a connection's TLS handshake must be done within the header timeout (the
+        loop does handshakes without blocking, so a flood of unfinished ones delays
+        nobody else), and its HTTP timers start once it is."""
         self.loop = asyncio.get_running_loop()
+        secure: dict[str, Any] = {}
+        if tls is not None:
+            secure = {"ssl": tls, "ssl_handshake_timeout": self.limits.header_timeout}
         if fd is not None:  # a duplicate: the caller keeps (and closes) its own
             sock = socket.socket(fileno=os.dup(fd))
-            listener = await self.loop.create_server(lambda: Connection(self), sock=sock, backlog=2048)
+            listener = await self.loop.create_server(lambda: Connection(self), sock=sock, backlog=2048, **secure)
         else:
             listener = await self.loop.create_server(
-                lambda: Connection(self), host, port, backlog=2048, reuse_address=True
+                lambda: Connection(self), host, port, backlog=2048, reuse_address=True, **secure
             )
         if on_listening is not None:
             on_listening(listener)

@@ -49,6 +49,8 @@ class Connection(asyncio.Protocol):
         self._loop = server.loop
         self._limits = server.limits
         self._shortcuts = server.shortcuts
+        #: checks infer requests when the inference group is restricted (else None)
+        self._infer_guard = server.app.infer_guard
         self._reader: RequestReader = None  # type: ignore[assignment]  # set by connection_made
         self._transport: Any = None
         self._queue: collections.deque[Request] = collections.deque()
@@ -226,6 +228,9 @@ class Connection(asyncio.Protocol):
         route = self._server.infer_route(request.url)
         if route is None:
             return
+        guard = self._infer_guard
+        if guard is not None and not guard.permits(request.headers):
+            return  # its repeats would skip the check: they are parsed (and refused) instead
         request.parsed_infer_headers()  # now, for its repeats (it may wait behind another)
         self._repeats = repeats
         self._repeated = request
@@ -263,6 +268,10 @@ class Connection(asyncio.Protocol):
         if request.method == b"POST":
             route = self._server.infer_route(request.url)
             if route is not None:
+                guard = self._infer_guard  # None unless inference is restricted
+                if guard is not None and not guard.allows(request.headers):
+                    self.reply(*guard.refusal)
+                    return
                 self._start_infer(route, request, request.body)
                 return
         try:
