@@ -16,6 +16,7 @@ import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
 from tests.e2e.test_grpc import CONFIG, ENGINES
@@ -136,19 +137,28 @@ def test_a_client_is_served_while_an_attack_runs(server: RunningServer, attack: 
     tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
     client.infer("identity", [tensor])  # connected before the attack
+    native = server.engine == "native"  # type: ignore[attr-defined]
     attacker = Attacker(int(server.grpc_url.rsplit(":", 1)[1]))
     thread = threading.Thread(target=attack, args=(attacker,), daemon=True)
-    thread.start()
-    answered = 0
-    for _ in range(20):  # a normal client is served while the attack runs
-        answer = client.infer("identity", [tensor], client_timeout=30)
-        np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
-        answered += 1
-    thread.join(60)
-    if server.engine == "native" and code is not None:  # type: ignore[attr-defined]
-        assert attacker.goaway() == code
-    attacker.close()
-    assert answered == 20 and client.is_server_live()
+    try:
+        thread.start()
+        answered = 0
+        for _ in range(20):  # a normal client is served while the attack runs
+            try:
+                answer = client.infer("identity", [tensor], client_timeout=30)
+            except InferenceServerException as exc:
+                # grpcio, the reference, may cancel other clients' calls under rapid reset
+                if native or attack is not rapid_reset or "CANCELLED" not in str(exc.status()):
+                    raise
+                continue
+            np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
+            answered += 1
+        thread.join(60)
+        if native and code is not None:
+            assert attacker.goaway() == code
+    finally:
+        attacker.close()
+    assert (answered == 20 or not native) and client.is_server_live()
     fresh = grpcclient.InferenceServerClient(server.grpc_url)
     assert fresh.infer("identity", [tensor], client_timeout=30).as_numpy("OUTPUT0") is not None
     fresh.close()

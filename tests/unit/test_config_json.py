@@ -842,7 +842,10 @@ def toml_configs(draw: st.DrawFn) -> dict[str, Any]:
             name = group.get("name", f"add_one_{index}")
             isolation = str(group.get("isolation", "")).lower()
             if isolation_of.setdefault(name, isolation) != isolation:
-                group["isolation"] = isolation_of[name]
+                if isolation_of[name]:
+                    group["isolation"] = isolation_of[name]
+                else:  # the first group left it unset: so do the others
+                    del group["isolation"]
         config["instance_group"] = groups
     config["parameters"] = draw(
         st.dictionaries(
