@@ -538,9 +538,18 @@ class DynamicBatcher:
         self.stats.record_execution(
             rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
         )
+        # Counted before any answer goes out: a client that reads the statistics once
+        # answered finds its request in them.
         end = begun
         total_ns = 0
         queue_times: list[int] = []
+        for pending, outputs in zip(batch, outcome.outputs):
+            if not isinstance(outputs, NereidError):  # withdrawn while it ran too: executed, so counted
+                total_ns += end - pending.received_ns
+                queue_times.append(started - pending.enqueued_ns)
+        self.stats.record_successes(
+            total_ns, queue_times, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
+        )
         order = self._order  # None: answers go out at once, else they may have to wait
         for pending, outputs in zip(batch, outcome.outputs):
             answer = pending.answer
@@ -549,18 +558,12 @@ class DynamicBatcher:
                     self.stats.record_failure(end - pending.received_ns, "BACKEND")
                 else:
                     self._fail(pending, outputs, "BACKEND")
-                continue
-            if answer.done():  # withdrawn while it ran (its client left): executed, so counted
+            elif answer.done():  # withdrawn while it ran (its client left)
                 pass
             elif order is None:
                 answer.set_result(outputs)
             else:
                 order.answer(pending, True, outputs)
-            total_ns += end - pending.received_ns
-            queue_times.append(started - pending.enqueued_ns)
-        self.stats.record_successes(
-            total_ns, queue_times, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns
-        )
         self.stats.answer.add(self._clock() - begun)
 
     async def _execute_stream(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
