@@ -6,7 +6,6 @@ _rules.py, the JSON spelling in triton_json.py. Knows nothing about models or se
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,10 +34,7 @@ from nereid.config.triton_json import (
 from nereid.datatypes import DATATYPES, DataType, by_config_name
 from nereid.errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+import tomllib
 
 __all__ = ["load_model_config", "parse_model_config", "config_from_triton_json"]
 
