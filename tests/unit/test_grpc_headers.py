@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nereid.grpc.frames import hpack_int, literal
 from nereid.grpc.headers import MAX_CACHED_BLOCK, CompressionFailure, HeaderBlocks, MalformedHeaders
 
 NAMES = [b"x-a", b"x-b", b"grpc-timeout"]
@@ -16,31 +17,18 @@ NAMES = [b"x-a", b"x-b", b"grpc-timeout"]
 VALUES = [b"1", b"v" * 1300, b"w" * 1300, b"u" * 1300]
 
 
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def indexed(index: int) -> bytes:
-    return _int(index, 7, 0x80)
+    return hpack_int(index, 7, 0x80)
 
 
 def inserted(name: bytes, value: bytes) -> bytes:
     """Literal with incremental indexing, new name (RFC 7541 6.2.1)."""
-    return b"\x40" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
+    return b"\x40" + hpack_int(len(name), 7, 0) + name + hpack_int(len(value), 7, 0) + value
 
 
 def plain(name: bytes, value: bytes) -> bytes:
     """Literal without indexing, new name."""
-    return b"\x00" + _int(len(name), 7, 0) + name + _int(len(value), 7, 0) + value
+    return literal(name, value)
 
 
 def reference_dict(decoder: hpack.Decoder, block: bytes) -> dict[bytes, bytes]:
@@ -88,7 +76,7 @@ def test_the_cache_answers_as_a_fresh_decoder_whatever_the_table_does(steps: lis
         elif kind == "again" and entries:
             block = inserted(*entries[0])
         elif kind == "resize":
-            block = _int((256, 1024, 4096)[first], 5, 0x20) + plain(b"x-c", b"z")
+            block = hpack_int((256, 1024, 4096)[first], 5, 0x20) + plain(b"x-c", b"z")
         else:
             block = plain(b"x-c", b"z")
         assert blocks.decode(block, trailers=True) == reference_dict(reference, block)

@@ -10,7 +10,7 @@ import struct
 
 __all__ = [
     "PREFACE", "FrameType", "Flag", "Setting", "ErrorCode", "FRAME_HEADER", "MESSAGE_PREFIX", "U32", "SETTING",
-    "DEFAULT_WINDOW", "MAX_WINDOW", "MIN_MAX_FRAME", "MAX_MAX_FRAME", "frame", "data_frame_header", "literal",
+    "DEFAULT_WINDOW", "MAX_WINDOW", "MIN_MAX_FRAME", "MAX_MAX_FRAME", "frame", "data_frame_header", "hpack_int", "literal",
     "percent_encoded", "RESPONSE_HEAD", "TRAILERS_OK",
 ]
 
@@ -84,7 +84,7 @@ def data_frame_header(size: int, stream_id: int, flags: int = 0) -> bytes:
     return FRAME_HEADER.pack(size >> 16, size & 0xFFFF, FrameType.DATA, flags, stream_id)
 
 
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+def hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
     """HPACK's integer (RFC 7541 5.1) with ``first``'s high bits set in its first byte."""
     limit = (1 << prefix_bits) - 1
     if value < limit:
@@ -101,7 +101,7 @@ def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
 def literal(name: bytes, value: bytes) -> bytes:
     """A header field "without indexing, new name", no Huffman: nothing in the peer's
     decoder table depends on it."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
+    return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
 
 
 #: ``:status 200`` (static index 8) and ``content-type: application/grpc``.

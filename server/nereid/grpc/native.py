@@ -116,8 +116,6 @@ class NativeGrpcServer:
         self.budget = budget if budget is not None else RequestBudget(options.max_request_bytes_in_flight)
         #: inflates large compressed messages off the loop (two at a time at most)
         self._inflater: ThreadPoolExecutor | None = None
-        #: connections refused at --grpc-max-connections
-        self.refused_connections = 0
         self.address = options.http_address
         self.requested_port = options.grpc_port
         self.max_message_size = options.grpc_max_message_size
@@ -171,7 +169,6 @@ class NativeGrpcServer:
     def _connection(self) -> GrpcConnection:
         refusal = None
         if len(self.connections) >= self.limits.max_connections:
-            self.refused_connections += 1
             refusal = f"server has {self.limits.max_connections} open gRPC connections, its limit (--grpc-max-connections)"
         if self.tls is not None:
             return _TlsConnection(self, refusal)  # counted once its handshake is done

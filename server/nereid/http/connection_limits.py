@@ -23,14 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nereid.options import ServerOptions
-from nereid.request_budget import SMALL_REQUEST, RequestBudget
 
-__all__ = ["ConnectionLimits", "BodyBudget", "SMALL_BODY"]
+__all__ = ["ConnectionLimits"]
 
-#: Bodies up to this size are never refused by the server-wide budget (``RequestBudget``).
-SMALL_BODY = SMALL_REQUEST
-#: The server-wide budget (``nereid.request_budget``), shared with gRPC.
-BodyBudget = RequestBudget
 
 _DEFAULTS = ServerOptions()
 

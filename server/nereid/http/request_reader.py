@@ -58,7 +58,7 @@ class Request:
         #: what the infer path reads of ``headers`` (made when first needed, by
         #: ``parsed_infer_headers``; repeats share the one of the request they repeat).
         self.infer_headers = infer_headers
-        #: body bytes this request holds of the server's BodyBudget until it is answered.
+        #: body bytes this request holds of the server's RequestBudget until it is answered.
         self.reserved = 0
 
     def parsed_infer_headers(self) -> InferHeaders:
