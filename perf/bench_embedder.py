@@ -69,7 +69,7 @@ class OfflineModel:
         sys.path.insert(0, str(ROOT / "server"))
         from nereid.config import load_model_config
         from nereid.context import ModelContext
-        from nereid.model_file import load_model_class
+        from nereid.repository.model_file import load_model_class
 
         config = load_model_config(MODEL_DIR / "config.toml", "text_embedder")
         loaded = load_model_class(MODEL_DIR / "1" / "model.py", "text_embedder")

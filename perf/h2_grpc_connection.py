@@ -1,7 +1,7 @@
 """H2GrpcConnection: the candidate of issue 27, item 4 — ``GrpcConnection``'s interface on
 ``h2``'s HTTP/2 state machine.
 
-The same asyncio.Protocol contract as ``nereid.grpc.transport.GrpcConnection`` (the
+The same asyncio.Protocol contract as ``nereid.grpc.h2.connection.GrpcConnection`` (the
 ``Calls`` object of ``nereid.grpc.native`` is told ``open``/``message``/``end``/``reset``/
 ``closed`` with ``GrpcStream`` objects, and answers with ``respond``/``send_message``/
 ``finish``/``writable``), but every frame in and out goes through
@@ -36,7 +36,7 @@ from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
-from nereid.grpc.transport import MAX_CONCURRENT_STREAMS, STREAM_HIGH_WATER, Calls, GrpcStream, Status
+from nereid.grpc.h2.connection import MAX_CONCURRENT_STREAMS, STREAM_HIGH_WATER, Calls, GrpcStream, Status
 
 __all__ = ["H2GrpcConnection"]
 

@@ -32,7 +32,7 @@ def __getattr__(name: str) -> object:
     # ``nereid.batch`` (the decorator) is imported on first use, so that a model file's
     # ``import nereid`` stays cheap.
     if name in ("batch", "BatchedFunction"):
-        from nereid import batched
+        from nereid.scheduling import decorator as batched
 
         return getattr(batched, name)
     if name == "Server":

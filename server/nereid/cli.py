@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from nereid import __version__
-from nereid.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
+from nereid.network.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
 from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
 
 __all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
@@ -308,7 +308,7 @@ def _prepare(options: ServerOptions) -> Callable[[], int]:
         if secured:
             # Ray's own proxies serve the ports: nereid's TLS and restrictions would not apply.
             raise ValueError(f"{', '.join(secured)}: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
-        from nereid.ray_serve import run_on_ray  # imported late: Ray is an optional extra
+        from nereid.ray.serve import run_on_ray  # imported late: Ray is an optional extra
 
         return lambda: run_on_ray(options)
     from nereid.server import Server  # imported late: `nereid --help` stays fast

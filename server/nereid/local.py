@@ -24,9 +24,9 @@ from nereid.config.schema import ModelConfig, ModelInput
 from nereid.datatypes import DataType
 from nereid.errors import InvalidInputError, NereidError, UnsupportedError
 from nereid.inference import InferRequest, ParameterValue
-from nereid.model_manager import IndexEntry, ModelManager
+from nereid.models.manager import IndexEntry, ModelManager
 from nereid.options import ServerOptions
-from nereid.request_checks import ConfigRules, Facts, Problem, triton_text
+from nereid.tensors.checks import ConfigRules, Facts, Problem, triton_text
 from nereid.triton_python import pb_utils
 
 __all__ = ["LocalEndpoint", "InProcessServer", "install_bls"]
@@ -154,7 +154,7 @@ def build_request(
 ) -> InferRequest:
     """A checked InferRequest from Python values: each value becomes an array of its
     input's datatype here, then the request is checked by the one checking core
-    (``nereid.request_checks``), its problems worded for Python callers. Raises
+    (``nereid.tensors.checks``), its problems worded for Python callers. Raises
     InvalidInputError naming the model, the input, what was expected and what was given."""
     arrays: dict[str, np.ndarray] = {}
     facts: dict[str, _ArrayFacts] = {}

@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from nereid.access import Refusals, Restriction
-from nereid.model_manager import ModelManager
+from nereid.network.access import Refusals, Restriction
+from nereid.models.manager import ModelManager
 from nereid.stats import QUEUE_BUCKETS_US, ModelStats
 
 __all__ = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nereid.access import Restriction
+from nereid.network.access import Restriction
 
 __all__ = ["ServerOptions", "GRPC_SERVERS", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
 

@@ -21,18 +21,18 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from nereid.access import Refusals, restriction_table
-from nereid.listening import StartupError, fit_open_file_limit, listen, listen_error
+from nereid.network.access import Refusals, restriction_table
+from nereid.network.listening import StartupError, fit_open_file_limit, listen, listen_error
 from nereid.http import create_app
 from nereid.http.app import NereidApp
 from nereid.local import InProcessServer, install_bls
 from nereid.log import configure_logging
 from nereid.metrics import Metrics, MetricsListener
-from nereid.model_manager import IndexEntry
+from nereid.models.manager import IndexEntry
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
-from nereid.request_budget import RequestBudget
-from nereid.tls import TlsFiles, reload_certificate, server_context
+from nereid.tensors.shared_memory import SharedMemoryManager
+from nereid.network.request_budget import RequestBudget
+from nereid.network.tls import TlsFiles, reload_certificate, server_context
 
 if TYPE_CHECKING:
     from nereid.grpc.native import NativeGrpcServer
@@ -254,8 +254,8 @@ class Server(InProcessServer):
         return listener
 
     async def _serve_native(self, fd: int | None, tls: ssl.SSLContext | None) -> None:
-        from nereid.http.connection_limits import ConnectionLimits
-        from nereid.http.native import NativeServer
+        from nereid.http.h1.limits import ConnectionLimits
+        from nereid.http.h1.server import NativeServer
 
         options = self.options
         server = NativeServer(

@@ -22,7 +22,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from nereid.batcher import DynamicBatcher
+from nereid.scheduling.batcher import DynamicBatcher
 from nereid.errors import InternalError, UnavailableError
 from nereid.stats import ModelStats
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server, wait_until

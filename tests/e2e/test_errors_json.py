@@ -26,11 +26,11 @@ import pytest
 import tritonclient.http as httpclient
 
 from nereid.http.app import NereidApp, create_app
-from nereid.http.asgi_bridge import AsgiExchange
+from nereid.http.h1.asgi_bridge import AsgiExchange
 from nereid.http.generate import GenerateHandler
-from nereid.model_manager import ModelManager
+from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
-from nereid.repository import read_model
+from nereid.repository.scan import read_model
 from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, wait_until
 
 ENGINES = ["native", "uvicorn"]

@@ -129,7 +129,7 @@ def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pyt
     # an H100 host, during which no request was answered): it must run on a worker thread.
     import threading
 
-    import nereid.devices
+    import nereid.instances.devices
 
     probed_on: list[threading.Thread] = []
 
@@ -137,7 +137,7 @@ def test_gpus_are_counted_off_the_event_loop(repo: RepoBuilder, monkeypatch: pyt
         probed_on.append(threading.current_thread())
         return 0
 
-    monkeypatch.setattr(nereid.devices, "_visible_gpus", probe)
+    monkeypatch.setattr(nereid.instances.devices, "_visible_gpus", probe)
     repo.add("auto", AUTO)  # identity model; no [[instance_group]]: KIND_AUTO
 
     async def main() -> tuple[threading.Thread, str]:

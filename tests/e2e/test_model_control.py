@@ -671,7 +671,7 @@ def test_strict_readiness_false_is_ready_despite_a_failed_load(serve, repo: Repo
 def test_a_request_holding_the_replaced_object_is_served_by_its_replacement(repo: RepoBuilder) -> None:
     from nereid.errors import ModelNotFoundError
     from nereid.inference import InferRequest
-    from nereid.model_manager import ModelManager
+    from nereid.models.manager import ModelManager
 
     folder = repo.add("m", CONFIG, adder(1))
 

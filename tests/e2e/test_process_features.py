@@ -292,7 +292,7 @@ def concurrently(calls: list[Any]) -> list[Any]:
 
 
 def workers(server: RunningServer) -> list[int]:
-    result = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "nereid.worker"],
+    result = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "nereid.instances.worker"],
                             capture_output=True, text=True, check=False)
     return [int(pid) for pid in result.stdout.split()]
 

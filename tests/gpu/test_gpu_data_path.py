@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from nereid.device_tensors import DeviceInputs, outputs_to_host
+from nereid.tensors.device import DeviceInputs, outputs_to_host
 from tests.conftest import RepoBuilder
 
 torch = pytest.importorskip("torch")

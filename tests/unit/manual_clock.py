@@ -55,7 +55,7 @@ def _wake(future: asyncio.Future[None]) -> None:
 
 
 class ManualClock:
-    """A ``nereid.clock.Clock`` whose time moves only through ``advance``.
+    """A ``nereid.scheduling.clock.Clock`` whose time moves only through ``advance``.
 
     Callbacks scheduled with ``call_at`` (and the precise timers' wakes) run inside
     ``advance``, in deadline order (ties: in the order they were scheduled), each with the

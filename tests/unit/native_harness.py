@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nereid.http.app import NereidApp
-from nereid.http.connection_limits import ConnectionLimits
-from nereid.http.native import NativeServer
-from nereid.http.native_connection import Connection
+from nereid.http.h1.limits import ConnectionLimits
+from nereid.http.h1.server import NativeServer
+from nereid.http.h1.connection import Connection
 
 __all__ = ["FakeTransport", "NativeHarness", "StubEndpoints", "get", "infer", "responses", "split_at", "stub_asgi"]
 

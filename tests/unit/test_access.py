@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nereid.access import GROUPS, GRPC_KEY_PREFIX, Refusals, parse_key, parse_restriction, restriction_table
+from nereid.network.access import GROUPS, GRPC_KEY_PREFIX, Refusals, parse_key, parse_restriction, restriction_table
 from nereid.cli import build_parser, options_from_args
 
 

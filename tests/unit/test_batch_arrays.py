@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from nereid.batch_arrays import assemble, batch_signature, request_cost, signature_function, split
+from nereid.tensors.assembly import assemble, batch_signature, request_cost, signature_function, split
 from nereid.config.schema import ModelConfig, ModelInput, ModelOutput
 from nereid.errors import InternalError, ModelExecutionError
 from nereid.inference import InferRequest

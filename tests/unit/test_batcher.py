@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import pytest
 
-from nereid.batcher import DynamicBatcher
-from nereid.clock import SYSTEM_CLOCK
+from nereid.scheduling.batcher import DynamicBatcher
+from nereid.scheduling.clock import SYSTEM_CLOCK
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
 from nereid.stats import ModelStats

@@ -36,7 +36,7 @@ from nereid.errors import (
 from nereid.http import compression, infer, infer_request, infer_response
 from nereid.http.model_codec import ModelCodec
 from nereid.inference import InferRequest, InferResult, RequestedOutput
-from nereid.request_checks import InputProblem
+from nereid.tensors.checks import InputProblem
 from tritonclient.http import InferInput, InferRequestedOutput  # type: ignore[import-untyped]
 from tritonclient.http import InferResult as ClientResult
 from tritonclient.http._utils import _get_inference_request  # type: ignore[import-untyped]

@@ -10,7 +10,7 @@ import gc
 import weakref
 from collections.abc import Awaitable, Callable
 
-from nereid.http.native_connection import Connection
+from nereid.http.h1.connection import Connection
 
 from .native_harness import FakeTransport, NativeHarness, get, infer, responses
 
@@ -223,7 +223,7 @@ async def test_a_refusal_lingers_reading_what_the_client_still_sends_then_closes
     client's remaining bytes are read and dropped (closing with them unread would make
     the kernel reset the connection, losing the answer); the connection closes when the
     client does, or after LINGER_S."""
-    from nereid.http.native_connection import LINGER_S
+    from nereid.http.h1.connection import LINGER_S
 
     harness = NativeHarness(max_url_size=100, eof_capable=True)
     harness.feed(b"GET /" + b"a" * 200)

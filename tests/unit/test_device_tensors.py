@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nereid.device_tensors import DeviceInputs, outputs_to_host
+from nereid.tensors.device import DeviceInputs, outputs_to_host
 
 torch = pytest.importorskip("torch")
 

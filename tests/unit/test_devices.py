@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import nereid.devices
+import nereid.instances.devices
 from nereid.config.schema import InstanceGroup, ModelConfig
-from nereid.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
+from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import ModelLoadError
 
 CONFIG_PATH = Path("/models/m/config.toml")
@@ -28,7 +28,7 @@ def resolve(cfg: ModelConfig, visible: int, monkeypatch: pytest.MonkeyPatch) -> 
         probes.append(1)
         return visible
 
-    monkeypatch.setattr(nereid.devices, "_visible_gpus", probe)
+    monkeypatch.setattr(nereid.instances.devices, "_visible_gpus", probe)
     return asyncio.run(resolve_instance_groups(cfg, CONFIG_PATH, GpuInventory())), len(probes)
 
 
@@ -68,7 +68,7 @@ def test_kind_gpu_without_a_gpu_fails_naming_the_file_and_key(monkeypatch: pytes
         resolve(config(InstanceGroup(kind="KIND_CPU"), InstanceGroup(kind="KIND_GPU")), 0, monkeypatch)
     assert raised.value.message == (
         f"{CONFIG_PATH}: instance_group[1].kind: KIND_GPU requested but no GPU is visible "
-        f"({nereid.devices._why_no_gpu()})"
+        f"({nereid.instances.devices._why_no_gpu()})"
     )
 
 
@@ -86,11 +86,11 @@ def test_why_no_gpu_is_visible_names_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, devices: list[str], torch: bool, why: str
 ) -> None:
     """A core install (no torch) on a GPU host is told that torch is what it lacks."""
-    monkeypatch.setattr(nereid.devices.glob, "glob", lambda pattern: devices)
-    real_find_spec = nereid.devices.importlib.util.find_spec
-    monkeypatch.setattr(nereid.devices.importlib.util, "find_spec",
+    monkeypatch.setattr(nereid.instances.devices.glob, "glob", lambda pattern: devices)
+    real_find_spec = nereid.instances.devices.importlib.util.find_spec
+    monkeypatch.setattr(nereid.instances.devices.importlib.util, "find_spec",
                         lambda name: (real_find_spec("json") if torch else None) if name == "torch" else real_find_spec(name))
-    assert nereid.devices._why_no_gpu() == why
+    assert nereid.instances.devices._why_no_gpu() == why
 
 
 def test_a_gpu_index_beyond_the_visible_ones_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from nereid.config.schema import ModelConfig, ModelInput
 from nereid.datatypes import by_wire_name
 from nereid.errors import InvalidInputError, MalformedRequestError
 from nereid.http.generate_request import parse_generate_request
-from nereid.request_checks import InputProblem, Problem
+from nereid.tensors.checks import InputProblem, Problem
 
 
 def dt(name: str) -> Any:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nereid.grpc.frames import hpack_int, literal
-from nereid.grpc.headers import MAX_CACHED_BLOCK, CompressionFailure, HeaderBlocks, MalformedHeaders
+from nereid.grpc.h2.frames import hpack_int, literal
+from nereid.grpc.h2.headers import MAX_CACHED_BLOCK, CompressionFailure, HeaderBlocks, MalformedHeaders
 
 NAMES = [b"x-a", b"x-b", b"grpc-timeout"]
 #: values large enough that three entries fill hpack's default 4096-byte table

@@ -15,9 +15,9 @@ import h2.settings
 import hpack
 import pytest
 
-from nereid.grpc.limits import TransportLimits
-from nereid.request_budget import RequestBudget
-from nereid.grpc.transport import (
+from nereid.grpc.h2.limits import TransportLimits
+from nereid.network.request_budget import RequestBudget
+from nereid.grpc.h2.connection import (
     MAX_CONCURRENT_STREAMS,
     STREAM_HIGH_WATER,
     GrpcConnection,
@@ -515,7 +515,7 @@ def test_streams_past_the_advertised_limit_are_refused_and_the_others_go_on() ->
     client.pump()
     assert len(client.server.streams) == MAX_CONCURRENT_STREAMS
     # a client that ignores the setting opens one more (written by hand: h2 would not)
-    from nereid.grpc.frames import literal
+    from nereid.grpc.h2.frames import literal
 
     block = b"\x83\x86" + literal(b":path", PATH.encode()) + literal(b":authority", b"x")  # POST, http
     stream_id = 2 * MAX_CONCURRENT_STREAMS + 1

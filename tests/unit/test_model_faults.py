@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from nereid.model_faults import FaultLog
+from nereid.faults import FaultLog
 
 
 class Clock:
@@ -141,7 +141,7 @@ def test_flush_reports_pending_repeats_and_forgets_the_version(lines: Lines) -> 
 
 def test_import_failures_show_the_users_file_and_line_not_importlibs(lines: Lines, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from nereid.errors import ModelLoadError
-    from nereid.model_file import load_model_class
+    from nereid.repository.model_file import load_model_class
 
     model_file = tmp_path / "model.py"
     model_file.write_text("import os\n\ndef broken(:\n    pass\n")

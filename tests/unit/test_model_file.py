@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nereid.errors import ModelLoadError
-from nereid.model_file import load_model_class, unload_model_module
+from nereid.repository.model_file import load_model_class, unload_model_module
 
 
 def model_dir(tmp_path: Path, name: str, model: str, files: dict[str, str] | None = None) -> Path:

@@ -17,10 +17,10 @@ from typing import Any, Sequence, cast
 
 import pytest
 
-from nereid.batcher import DynamicBatcher
+from nereid.scheduling.batcher import DynamicBatcher
 from nereid.errors import InvalidInputError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnavailableError
-from nereid.model_manager import IndexEntry, ModelManager, ServingModel
-from nereid.repository import ModelSource, VersionSource
+from nereid.models.manager import IndexEntry, ModelManager, ServingModel
+from nereid.repository.scan import ModelSource, VersionSource
 from nereid.stats import ModelStats
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder
 

@@ -11,7 +11,7 @@ import pytest
 
 from nereid.errors import ModelLoadError, ModelNotFoundError
 from nereid.inference import InferRequest
-from nereid.model_manager import ModelManager
+from nereid.models.manager import ModelManager
 from tests.conftest import IDENTITY_CONFIG, IDENTITY_MODEL, RepoBuilder
 
 COUNTER = """

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nereid.http.app import NereidApp
-from nereid.http.native import NativeServer, ShortcutCounters
-from nereid.http.native_connection import MAX_PIPELINED
+from nereid.http.h1.server import NativeServer, ShortcutCounters
+from nereid.http.h1.connection import MAX_PIPELINED
 from tests.unit.native_harness import NativeHarness, StubEndpoints, get, infer, responses, split_at, stub_asgi
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nereid.http.app import NereidApp
-from nereid.http.native import _MAX_ROUTES, NativeServer
+from nereid.http.h1.server import _MAX_ROUTES, NativeServer
 
 
 def native_server() -> NativeServer:

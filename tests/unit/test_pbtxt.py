@@ -14,7 +14,7 @@ import pytest
 from nereid.config import load_model_config, to_triton_json
 from nereid.config.pbtxt import load_pbtxt_config, pbtxt_to_toml
 from nereid.errors import ConfigError
-from nereid.repository import list_model_names, read_model
+from nereid.repository.scan import list_model_names, read_model
 
 ADD_SUB = """
 name: "add_sub"

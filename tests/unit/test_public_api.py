@@ -52,10 +52,10 @@ def test_importing_nereid_loads_no_web_framework_and_no_torch() -> None:
 def test_no_module_of_the_core_imports_torch() -> None:
     """torch belongs to the example models' extra: every module of the package imports
     without it (torch is imported lazily, where a tensor is moved or converted). Only
-    nereid.ray_serve, the ray extra's entry, is left out."""
+    nereid.ray.serve, the ray extra's entry, is left out."""
     code = (
         "import importlib, pkgutil, sys, nereid\n"
-        "names = [m.name for m in pkgutil.walk_packages(nereid.__path__, 'nereid.') if m.name != 'nereid.ray_serve']\n"
+        "names = [m.name for m in pkgutil.walk_packages(nereid.__path__, 'nereid.') if m.name != 'nereid.ray.serve']\n"
         "for name in names: importlib.import_module(name)\n"
         "print(len(names), sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
     )

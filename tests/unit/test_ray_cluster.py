@@ -1,9 +1,9 @@
-"""nereid.ray_serve's pure parts (no Ray needed): summing the replicas' statistics and
+"""nereid.ray.serve's pure parts (no Ray needed): summing the replicas' statistics and
 metrics, and the cluster's log of model-control operations."""
 
 from __future__ import annotations
 
-from nereid.ray_serve import _ClusterState, merge_metrics, merge_statistics
+from nereid.ray.serve import _ClusterState, merge_metrics, merge_statistics
 
 
 def entry(count: int, ns: int, last: int, batches: dict[int, int]) -> dict[str, object]:

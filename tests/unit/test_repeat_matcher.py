@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereid.http.repeat_matcher import MAX_REPEAT_BODY, RepeatMatcher
+from nereid.http.h1.repeated_heads import MAX_REPEAT_BODY, RepeatMatcher
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"
 HEADERS = [(b"host", b"x"), (b"content-length", b"5")]

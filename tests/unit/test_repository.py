@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nereid.config.schema import VersionPolicy
-from nereid.repository import list_model_names, read_model, select_versions
+from nereid.repository.scan import list_model_names, read_model, select_versions
 
 CONFIG = """
 max_batch_size = 0

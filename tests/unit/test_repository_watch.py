@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereid.repository_watch import (
+from nereid.repository.watch import (
     ChangeDetector,
     Changes,
     FileStamp,

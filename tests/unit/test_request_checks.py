@@ -13,7 +13,7 @@ from nereid.config.schema import ModelConfig, ModelInput
 from nereid.datatypes import by_wire_name
 from nereid.errors import InvalidInputError
 from nereid.local import build_request
-from nereid.request_checks import ConfigRules, Facts, InputProblem, Problem, triton_text
+from nereid.tensors.checks import ConfigRules, Facts, InputProblem, Problem, triton_text
 
 FP32 = by_wire_name("FP32")
 INT64 = by_wire_name("INT64")

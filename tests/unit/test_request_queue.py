@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import QueueFullError
-from nereid.request_queue import QueuedRequest, RequestQueue
+from nereid.scheduling.queue import QueuedRequest, RequestQueue
 
 US = 1_000
 

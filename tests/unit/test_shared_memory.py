@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nereid.errors import InternalError, InvalidInputError, ModelNotFoundError
-from nereid.shared_memory import RESERVED_KEY_PREFIX, SHM_ROOT, RegionStatus, SharedMemoryManager
+from nereid.tensors.shared_memory import RESERVED_KEY_PREFIX, SHM_ROOT, RegionStatus, SharedMemoryManager
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -15,7 +15,7 @@ import pytest
 from nereid.config import ModelConfig, parse_model_config
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
-from nereid.warmup import build_samples, run_warmup
+from nereid.models.warmup import build_samples, run_warmup
 
 pytestmark = pytest.mark.unit
 

@@ -31,9 +31,10 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid import wire_inputs, wire_outputs
+from nereid.tensors import wire_inputs
+from nereid.tensors import wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
-from nereid.model_tables import ModelTables
+from nereid.tensors.tables import ModelTables
 
 __all__ = ["decode_request", "encode_response", "status_of"]
 

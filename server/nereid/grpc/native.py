@@ -24,15 +24,15 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from nereid.access import Refusals, Restriction, restriction_table
+from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import NereidError
 from nereid.grpc.codec import status_of
 from nereid.grpc.service import METHOD_GROUPS, AbortContext, CallAborted, InferenceService
-from nereid.grpc.limits import TransportLimits
-from nereid.grpc.transport import GrpcConnection, GrpcStream, PingPolicy, Status
-from nereid.listening import listen
+from nereid.grpc.h2.limits import TransportLimits
+from nereid.grpc.h2.connection import GrpcConnection, GrpcStream, PingPolicy, Status
+from nereid.network.listening import listen
 from nereid.options import ServerOptions
-from nereid.request_budget import RequestBudget
+from nereid.network.request_budget import RequestBudget
 
 __all__ = ["NativeGrpcServer"]
 

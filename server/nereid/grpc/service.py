@@ -1,7 +1,7 @@
 """InferenceService: Triton's ``inference.GRPCInferenceService`` on grpcio's asyncio server.
 
 Every RPC of Triton's service, with the generated stubs tritonclient ships. The admin
-RPCs are ``nereid.admin``'s answers (the same as HTTP's, turned into messages); infer
+RPCs are ``nereid.models.admin``'s answers (the same as HTTP's, turned into messages); infer
 decodes with ``codec.decode_request``, goes through the model's batcher like every other
 request (``ServingModel.infer``) and encodes with ``codec.encode_response``.
 ModelStreamInfer answers a non-decoupled model's requests in the order they came (a
@@ -24,17 +24,17 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from nereid import admin
-from nereid.access import Refusals, Restriction, restriction_table
+from nereid.models import admin
+from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
 from nereid.grpc.codec import decode_request, encode_response, status_of
 from nereid.log import LogSettings, apply_log_settings, log_settings
-from nereid.model_manager import ModelManager, ServingModel
-from nereid.serving import Ticket
-from nereid.model_tables import ModelTables
+from nereid.models.manager import ModelManager, ServingModel
+from nereid.models.serving import Ticket
+from nereid.tensors.tables import ModelTables
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
-from nereid.tls import TlsFiles
+from nereid.tensors.shared_memory import SharedMemoryManager
+from nereid.network.tls import TlsFiles
 
 __all__ = ["AbortContext", "CallAborted", "GrpcServer", "InferenceService", "METHOD_GROUPS"]
 

@@ -21,16 +21,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from nereid.access import Refusals, restriction_table
+from nereid.network.access import Refusals, restriction_table
 from nereid.http._asgi import Message, Receive, Scope, Send, send_json
 from nereid.http.endpoints import Endpoints
 from nereid.http.errors import error_json, internal_error_json
 from nereid.http.generate import GenerateHandler
 from nereid.http.operations import Operations
 from nereid.http.restricted import Guard, guarded
-from nereid.model_manager import ModelManager
+from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
+from nereid.tensors.shared_memory import SharedMemoryManager
 
 __all__ = ["create_app", "NereidApp"]
 

@@ -15,13 +15,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nereid import admin
+from nereid.models import admin
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelLoadError, NereidError
 from nereid.http.errors import error_json, status_for
 from nereid.http.infer import InferEndpoint, InferHeaders, Responder
-from nereid.model_manager import ModelManager
+from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
+from nereid.tensors.shared_memory import SharedMemoryManager
 
 __all__ = ["Endpoints", "InferHeaders", "Responder"]
 
@@ -45,7 +45,7 @@ def empty_response(status: int = 200) -> Response:
 
 class Endpoints:
     """Handlers bound to one ModelManager and ServerOptions: what each answer holds is
-    ``nereid.admin``'s; these read the HTTP request and write the HTTP response."""
+    ``nereid.models.admin``'s; these read the HTTP request and write the HTTP response."""
 
     def __init__(
         self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager | None = None

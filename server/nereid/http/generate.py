@@ -29,7 +29,7 @@ from nereid.http.infer import parse_version
 from nereid.http.errors import error_json
 from nereid.http.generate_request import parse_generate_request
 from nereid.inference import InferRequest
-from nereid.model_manager import ModelManager, ServingModel
+from nereid.models.manager import ModelManager, ServingModel
 from nereid.options import ServerOptions
 
 __all__ = ["GenerateHandler", "generate_response", "collect_steps"]

@@ -3,7 +3,7 @@ JSON object whose keys named like model inputs become input tensors and whose ot
 (and its ``parameters`` object) become request parameters.
 
 Owns turning that JSON into an InferRequest; the inputs are then checked by the one
-checking core (``nereid.request_checks``), its problems worded for this JSON form.
+checking core (``nereid.tensors.checks``), its problems worded for this JSON form.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import orjson
 from nereid.config.schema import ModelConfig, ModelInput
 from nereid.errors import InvalidInputError, MalformedRequestError
 from nereid.inference import InferRequest, ParameterValue
-from nereid.request_checks import ConfigRules, Facts, Problem, triton_text
+from nereid.tensors.checks import ConfigRules, Facts, Problem, triton_text
 
 __all__ = ["parse_generate_request"]
 

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Iterable, Protocol
 
-from nereid.admin import parse_version
+from nereid.models.admin import parse_version
 from nereid.errors import InternalError, NereidError, UnsupportedError
 from nereid.http import infer_response
 from nereid.http._asgi import ClientGone, Receive, Scope, Send, error_parts, read_body, send_error
@@ -29,9 +29,9 @@ from nereid.http.heavy_bodies import HeavyBodies
 from nereid.http.infer_request import ShmResolver, parse_infer_body
 from nereid.http.model_codec import CodecCache, ModelCodec
 from nereid.inference import InferRequest, InferResult
-from nereid.model_manager import ModelManager, ServingModel, Ticket
+from nereid.models.manager import ModelManager, ServingModel, Ticket
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
+from nereid.tensors.shared_memory import SharedMemoryManager
 
 __all__ = ["InferEndpoint", "InferHeaders", "Responder", "encode_answer", "parse_version", "read_request"]
 

@@ -4,7 +4,7 @@
 Owns the request structure (protocol.md §2-§3): the JSON header's ``id``,
 ``parameters``, ``inputs`` (binary blobs, JSON ``data``, shared memory) and ``outputs``,
 and raw binary requests. The inputs are then checked against the model config by the one
-checking core (``nereid.request_checks``) with Triton's texts. Checks run in Triton's
+checking core (``nereid.tensors.checks``) with Triton's texts. Checks run in Triton's
 order, and messages are Triton's, so clients see what tritonserver would tell them.
 """
 
@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from nereid.config.schema import ModelConfig
 from nereid.datatypes import DATATYPES, by_wire_name
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
-from nereid import wire_inputs
+from nereid.tensors import wire_inputs
 from nereid.http.model_codec import ModelCodec
 from nereid.http.request_json import (
     I64_LIMIT,
@@ -36,7 +36,7 @@ from nereid.http.request_json import (
     request_parameters,
 )
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
-from nereid.request_checks import check_representable
+from nereid.tensors.checks import check_representable
 
 __all__ = ["ParsedInfer", "ShmResolver", "parse_infer_body", "parse_infer_request"]
 

@@ -24,7 +24,7 @@ from nereid.errors import (
     NereidError,
     UnsupportedError,
 )
-from nereid import wire_outputs
+from nereid.tensors import wire_outputs
 from nereid.http.compression import ENCODING_HEADERS, compress, parse_accept_encoding
 from nereid.http.model_codec import ModelCodec
 from nereid.http.repeats import LearntAnswer

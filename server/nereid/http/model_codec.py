@@ -10,7 +10,7 @@ from typing import Any
 
 from nereid.config.schema import ModelConfig
 from nereid.http.repeats import Repeats
-from nereid.model_tables import ModelTables
+from nereid.tensors.tables import ModelTables
 
 __all__ = ["CodecCache", "ModelCodec"]
 

@@ -2,7 +2,7 @@
 logging settings, and trace settings.
 
 Owns request parsing and responses for those routes. Region bookkeeping belongs to
-``nereid.shared_memory``, log settings to ``nereid.log``; this module only translates.
+``nereid.tensors.shared_memory``, log settings to ``nereid.log``; this module only translates.
 Messages and status codes are Triton's (protocol.md §1.2 rows 13-20, §1.3.7-1.3.10).
 """
 
@@ -26,9 +26,9 @@ from nereid.errors import (
 )
 from nereid.http.endpoints import empty_response, error_response, json_object, json_response
 from nereid.log import LOG_FORMATS, apply_log_settings, log_settings
-from nereid.model_manager import ModelManager
+from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
-from nereid.shared_memory import SharedMemoryManager
+from nereid.tensors.shared_memory import SharedMemoryManager
 
 __all__ = ["Operations", "CLIENT_SHM_DISABLED"]
 

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from nereid.datatypes import DataType
-from nereid import wire_inputs, wire_outputs
+from nereid.tensors import wire_inputs
+from nereid.tensors import wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
 
 __all__ = ["Repeats", "RepeatCounters", "LearntAnswer"]

@@ -4,7 +4,7 @@ its handler wrapped at app build time when that group needs a key.
 Owns the route-to-group decision and the refusal (Triton's: 403 and
 ``{"error":"This API is restricted, expecting header '<key>'"}``). A route of an
 unrestricted group is not wrapped: with no restriction configured, requests pay nothing.
-Parsing and comparing keys is ``nereid.access``' business.
+Parsing and comparing keys is ``nereid.network.access``' business.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nereid.access import Refusals, Restriction
+from nereid.network.access import Refusals, Restriction
 from nereid.http._asgi import Receive, Scope, Send, send_json
 from nereid.http.errors import error_json
 

@@ -1,0 +1,476 @@
+"""ProcessInstance: a model instance that is an OS process of its own (``isolation =
+"process"``): the batches side; the process and its supervisor are ``worker_process.py``'s.
+
+It has the surface of ``instance.ModelInstance`` (the batcher, warmup and loader cannot
+tell them apart): ``start``, ``run_batch``, ``run_stream``, ``cost_function``, ``close``,
+``problem``. A batch is assembled here, on the event loop, written into its slot's
+shared-memory arena and sent; the loop wakes when the reply arrives (no thread hop); its
+outputs are read back and split here, so they are checked exactly as for a thread
+instance. Streams (decoupled models) run on the instance's threads, one acknowledged step
+at a time.
+
+A process that dies (a signal, ``os._exit``, a crash in a C extension) fails the batch it
+was running with an error naming the model, the instance and the cause; the batcher then
+reruns the batch-mates one at a time, so only the request that crashes it fails. A batch
+past ``execution_timeout_ms`` fails with ExecutionTimeoutError and its process is killed.
+Either way the supervisor restarts the process and batches wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from nereid import errors
+from nereid.tensors.assembly import assemble, split, split_step
+from nereid.config.schema import ModelConfig
+from nereid.context import ModelContext
+from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadError, NereidError
+from nereid.inference import InferRequest
+from nereid.instances.thread import BatchOutcome, StepSink, _InstanceThreads
+from nereid.faults import MODEL_FAULTS
+from nereid.repository.model_file import ModelClass
+from nereid.instances.channel import Arena, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.instances.supervisor import Slot, WorkerProcess
+
+__all__ = ["InstanceDiedError", "ProcessInstance"]
+
+
+class InstanceDiedError(ModelExecutionError):
+    """The process of an instance died (or was killed at its execution timeout) while
+    running a batch."""
+
+
+#: The Exception class standing for each exception type met in a process (a few at most).
+_CARRIERS: dict[str, type[Exception]] = {}
+
+
+def _model_exception(type_name: str, text: str) -> Exception:
+    """An Exception standing for what model code raised in the process: its class is named
+    like the original's, so that a message built of type name and text reads as for a
+    thread instance (``Model.batch_size(inputs) raised SystemExit: 9``)."""
+    carrier = _CARRIERS.get(type_name)
+    if carrier is None:
+        carrier = _CARRIERS[type_name] = type(type_name, (Exception,), {"__module__": "nereid.instances.worker"})
+    return carrier(text)
+
+
+def _restore(outputs: Any) -> Any:
+    """Raw outputs with each Unsendable (a value the process could not pickle) replaced
+    by an object of a class named like the value's type: split's errors then name it as
+    for a thread instance."""
+    if isinstance(outputs, Unsendable):
+        return _stand_in(outputs.type_name)
+    if isinstance(outputs, dict) and any(isinstance(value, Unsendable) for value in outputs.values()):
+        return {k: _stand_in(v.type_name) if isinstance(v, Unsendable) else v for k, v in outputs.items()}
+    return outputs
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _stand_in(type_name: str) -> object:
+    cls = _STAND_INS.get(type_name)
+    if cls is None:
+        cls = _STAND_INS[type_name] = type(type_name, (), {"__module__": "nereid.instances.worker", "__slots__": ()})
+    return cls()
+
+
+class ProcessInstance:
+    """One instance in a process of its own (see the module docstring)."""
+
+    def __init__(self, model_file: Path, context: ModelContext, config: ModelConfig) -> None:
+        self.model_file = model_file
+        self.context = context
+        self.config = config
+        self.name = context.instance_name
+        batching = config.dynamic_batching
+        self.capacity = batching.max_concurrent_batches if batching is not None else 1
+        self.timeout_s = config.execution_timeout_ms / 1000 if config.execution_timeout_ms else None
+        #: the batcher leaves the execution timeout to this instance (it kills its process).
+        self.enforces_timeout = True
+        #: a batch handed over while another runs is assembled at once and waits for a free
+        #: slot (its process starts it as soon as the reply to the one before is read).
+        self.queues_batches = True
+        self.model_class: ModelClass | None = None
+        # Two batch slots per batch it may run: the batcher hands the next batch over while
+        # the current one runs, and it waits in the process, inputs in, for its turn (not
+        # under an execution timeout, which counts from the moment a batch is sent).
+        slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
+        self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
+        self._threads = _InstanceThreads(self.capacity, self.name)
+        self._cost_inputs: Arena | None = None
+        self._cost_generation = -1
+        self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why this instance cannot serve right now (None: it can)."""
+        return self.worker.problem
+
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
+
+    @property
+    def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
+        return self._cost
+
+    # -- life --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the process and wait until its Model is built. Raises ModelLoadError with
+        the cause (an import error, an exception in __init__, a crash)."""
+        try:
+            traits = await self.worker.start()
+        except ModelLoadError:
+            await self._threads.stop(1.0)
+            raise
+        self.model_class = ModelClass(
+            cls=object, module=types.ModuleType(f"nereid-worker-{self.name}"), path=self.model_file,
+            infer_is_async=False, infer_is_generator=traits["infer_is_generator"],
+            infer_takes_parameters=traits["infer_takes_parameters"], has_batch_size=traits["has_batch_size"],
+            has_close=traits["has_close"], triton=traits.get("triton", False),
+        )
+        if traits["has_batch_size"]:
+            self._cost = self._remote_batch_size
+
+    async def close(self, abandoned: bool = False) -> None:
+        """Ask the process to close the model and exit (killed after a grace period; at
+        once when ``abandoned``: a batch is stuck in it)."""
+        if abandoned:
+            self.worker.kill()
+        await self.worker.close()
+        await self._threads.stop(1.0)
+
+    # -- batches -----------------------------------------------------------------------
+
+    async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
+        """Execute one batch in the process; model errors and deaths come back in the outcome.
+
+        Driven from the event loop, with no thread in between: the batch is written into
+        the slot's arena and sent, and the loop wakes when the reply arrives (a thread
+        hop each way cost more than the process's own work on small batches)."""
+        if self.model_class is not None and self.model_class.triton:
+            return await self._run_triton(requests)
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, time.monotonic_ns() - t0, 0, 0)
+        slot = await self.worker.take_slot_on_loop()
+        t1 = time.monotonic_ns()
+        handed_on = False  # the slot went straight to the next batch, waiting for it
+        try:
+            specs = write_arrays(slot.inputs, inputs)
+            slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
+            slot.busy = True
+            reply = self._reply(slot, await self._reply_on_loop(slot))
+            raw = self._outputs(slot, reply)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), t1 - t0, time.monotonic_ns() - t1, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, t1 - t0, time.monotonic_ns() - t1, 0)
+        finally:
+            if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
+                self._release_after_reply(slot)
+            else:
+                handed_on = self.worker.release(slot)
+        t2 = time.monotonic_ns()
+        if handed_on:
+            await asyncio.sleep(0)  # the next batch goes to the process before this one is split
+        try:
+            outputs = split(raw, requests, self.config, self.context.model_name)
+        except NereidError as exc:
+            self._output_fault(exc)
+            return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
+        self.worker.succeeded()
+        ended = time.monotonic_ns()
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, ended - t2, began_ns=t1, ended_ns=ended)
+
+    async def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        """A TritonPythonModel's batch in the process: the requests go pickled, each comes
+        back with its own answer (outputs checked here as for a thread instance, or the
+        error that fails only that request)."""
+        slot = await self.worker.take_slot_on_loop()
+        t0 = time.monotonic_ns()
+        try:
+            slot.channel.send(("triton", list(requests)))
+            slot.busy = True
+            reply = self._reply(slot, await self._reply_on_loop(slot))
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            if slot.busy:
+                self._release_after_reply(slot)
+            else:
+                self.worker.release(slot)
+        t1 = time.monotonic_ns()
+        outputs = [self._triton_answer(request, answer) for request, answer in zip(requests, reply[1])]
+        self.worker.succeeded()
+        return BatchOutcome(outputs, None, 0, t1 - t0, time.monotonic_ns() - t1)
+
+    def _triton_answer(self, request: InferRequest, answer: Any) -> Any:
+        """One request's answer from the process: its checked outputs, or its error."""
+        if isinstance(answer, tuple) and answer and answer[0] == "error":
+            kind = getattr(errors, answer[1], None)
+            if isinstance(kind, type) and issubclass(kind, NereidError):
+                return kind(answer[2])
+            return ModelExecutionError(answer[2], model=self.context.model_name)
+        try:
+            return split(_restore(answer), [request], self.config, self.context.model_name)[0]
+        except NereidError as exc:
+            self._output_fault(exc)
+            return exc
+
+    async def _reply_on_loop(self, slot: Slot) -> tuple[Any, list[int]]:
+        """The slot's next message, awaited on the loop (the execution timeout applies)."""
+        loop = asyncio.get_running_loop()
+        fd = slot.channel.sock.fileno()
+        waiting: asyncio.Future[tuple[Any, list[int]]] = loop.create_future()
+        slot.waiting = waiting
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            if not waiting.done():
+                try:
+                    message, fds = slot.channel.recv_ready()
+                except BlockingIOError:  # spurious: wait on
+                    loop.add_reader(fd, readable)
+                except (ChannelClosed, OSError) as exc:
+                    waiting.set_exception(ChannelClosed(str(exc)))
+                else:
+                    # read: whatever becomes of the awaiting task, the slot is free and
+                    # its outputs arena is the one this reply's arrays lie in
+                    slot.busy = False
+                    self._adopt(slot, fds)
+                    waiting.set_result((message, []))
+
+        loop.add_reader(fd, readable)
+        try:
+            if self.timeout_s is None:
+                return await waiting
+            try:
+                received: tuple[Any, list[int]] = await asyncio.wait_for(waiting, self.timeout_s)
+                return received
+            except TimeoutError:
+                raise self._died(self.config.execution_timeout_ms) from None
+        finally:
+            loop.remove_reader(fd)
+            slot.waiting = None
+
+    def _release_after_reply(self, slot: Slot) -> None:
+        """Put ``slot`` back once the reply to the batch it was sent arrives (read and
+        dropped, its arena adopted): the next batch on it must not take that reply for
+        its own. A slot whose process dies meanwhile is dropped with it."""
+        loop = self.worker.loop
+        assert loop is not None
+        fd = slot.channel.sock.fileno()
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            try:
+                _, fds = slot.channel.recv_ready()
+            except BlockingIOError:  # spurious: wait on
+                loop.add_reader(fd, readable)
+                return
+            except (ChannelClosed, OSError):  # the process is gone: so is the slot
+                return
+            slot.busy = False
+            self._adopt(slot, fds)
+            self.worker.release(slot)
+
+        if slot.generation == self.worker.generation:
+            loop.add_reader(fd, readable)
+
+    def _parameters(self, requests: Sequence[InferRequest]) -> tuple[Any, ...]:
+        assert self.model_class is not None
+        if not self.model_class.infer_takes_parameters:
+            return ()
+        return ([dict(request.parameters) for request in requests for _ in range(request.rows)],)
+
+    def _exchange(self, slot: Slot, kind: str, inputs: dict[str, np.ndarray], params: Any) -> Any:
+        """Send one message with its inputs and wait for the reply (the execution timeout
+        applies); a dead or killed process raises InstanceDiedError."""
+        specs = write_arrays(slot.inputs, inputs)
+        try:
+            slot.channel.send((kind, specs, params), slot.inputs.take_fd_to_send())
+            return self._receive(slot)
+        except ChannelClosed:
+            raise self._died(None) from None
+
+    def _receive(self, slot: Slot) -> Any:
+        try:
+            received = slot.channel.recv(self.timeout_s)
+        except TimeoutError:
+            raise self._died(self.config.execution_timeout_ms) from None
+        return self._reply(slot, received)
+
+    def _reply(self, slot: Slot, received: tuple[Any, list[int]]) -> Any:
+        """A reply's message, its outputs' arena adopted; a model error raised."""
+        message, fds = received
+        self._adopt(slot, fds)
+        if message[0] == "error":
+            _, type_name, text = message
+            raise ModelExecutionError(
+                f'model "{self.context.model_name}" raised in infer: {type_name}: {text}' if text
+                else f'model "{self.context.model_name}" raised in infer: {type_name}',
+                model=self.context.model_name,
+            )
+        return message
+
+    @staticmethod
+    def _adopt(slot: Slot, fds: list[int]) -> None:
+        """The process replaced its outputs arena (the descriptor came with a reply)."""
+        if fds:
+            if slot.outputs is None:
+                slot.outputs = Arena(fd=fds[0])
+            else:
+                slot.outputs.adopt(fds)
+
+    def _outputs(self, slot: Slot, message: Any) -> Any:
+        if message[0].endswith("-raw"):  # what infer returned, pickled: split checks it
+            return _restore(message[1])
+        assert slot.outputs is not None
+        return read_arrays(slot.outputs, message[1], copy=True)
+
+    def _output_fault(self, error: NereidError) -> None:
+        """Outputs that do not match the config, in the server log (as for a thread
+        instance; what model code raised is logged by the process)."""
+        if isinstance(error, ModelExecutionError):
+            MODEL_FAULTS.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
+
+    def _died(self, timeout_ms: int | None) -> InstanceDiedError | ExecutionTimeoutError:
+        """The error of the batch the process was running when it ended (killed here at
+        the execution timeout): a timeout is not retried request by request (each would
+        wait again); a death is."""
+        cause = self.worker.died(timeout_ms)
+        model = self.context.model_name
+        if timeout_ms is not None:
+            return ExecutionTimeoutError(
+                f'model "{model}" instance {self.name}: the batch ran past execution_timeout_ms ({timeout_ms} ms); '
+                "its process was killed and restarts",
+                model=model,
+            )
+        return InstanceDiedError(
+            f'model "{model}" instance {self.name}: its process {cause} while running this batch '
+            "(the instance restarts)",
+            model=model,
+        )
+
+    def _remote_batch_size(self, inputs: dict[str, np.ndarray]) -> int:
+        """``Model.batch_size(inputs)`` in the process, on its own channel (one round
+        trip per request, on the event loop: keep it cheap)."""
+        if not self.worker.ready:
+            raise RuntimeError(f"instance {self.name} is restarting")
+        process = self.worker.process
+        assert process is not None
+        channel = process.channels[0]
+        arena = self._cost_arena()
+        specs = write_arrays(arena, inputs)
+        try:
+            channel.send(("batch_size", specs, ()), arena.take_fd_to_send())
+            message, _ = channel.recv(self.timeout_s)
+        except ChannelClosed:
+            raise self._died(None) from None
+        except TimeoutError:
+            raise self._died(self.config.execution_timeout_ms) from None
+        if message[0] == "error":
+            raise _model_exception(message[1], message[2])
+        return message[1]  # type: ignore[no-any-return]
+
+    def _cost_arena(self) -> Arena:
+        """The inputs arena of the control channel (a new one for each new process)."""
+        arena = self._cost_inputs
+        if arena is None or self._cost_generation != self.worker.generation:
+            arena = self._cost_inputs = Arena()
+            self._cost_generation = self.worker.generation
+        return arena
+
+    # -- streams -----------------------------------------------------------------------
+
+    async def run_stream(
+        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool], /
+    ) -> BatchOutcome:
+        """A decoupled model's batch: each step the process sends is split and handed to
+        ``sink`` on the loop; the generator is closed once ``abandoned()``."""
+        loop = asyncio.get_running_loop()
+
+        def deliver(parts: Any, finished: list[bool]) -> None:
+            loop.call_soon_threadsafe(sink, parts, finished)
+
+        stream = self._triton_stream if self.model_class is not None and self.model_class.triton else self._stream
+        outcome: BatchOutcome = await self._threads.call(stream, requests, deliver, abandoned)
+        return outcome
+
+    def _triton_stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
+        """A decoupled TritonPythonModel's batch in the process: its senders' responses
+        arrive as ("step", index, answer, final) until every request had its final flag
+        (read to the end even when nobody listens any more: the slot's next batch must
+        not find them)."""
+        t0 = time.monotonic_ns()
+        count = len(requests)
+        open_requests = set(range(count))
+        started = False
+        slot = self.worker.take_slot()
+        try:
+            slot.channel.send(("triton-stream", list(requests)))
+            while open_requests or not started:
+                message = self._receive(slot)
+                if message[0] == "started":
+                    started = True
+                    continue
+                _, index, answer, final = message
+                if index not in open_requests:
+                    continue
+                if answer is not None:
+                    answer = self._triton_answer(requests[index], answer)
+                    final = final or isinstance(answer, NereidError)
+                parts: list[Any] = [None] * count
+                finished = [False] * count
+                parts[index], finished[index] = answer, final
+                deliver(parts, finished)
+                if final:
+                    open_requests.discard(index)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            self.worker.release(slot)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+
+    def _stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
+        t0 = time.monotonic_ns()
+        try:
+            inputs = assemble(requests, self.config)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, 0, 0)
+        slot = self.worker.take_slot()
+        try:
+            message = self._exchange(slot, "stream", inputs, self._parameters(requests))
+            while message[0] != "end":
+                try:
+                    parts = split_step(self._outputs(slot, message), requests, self.config, self.context.model_name)
+                except NereidError as exc:  # the step does not match the config: the stream ends
+                    self._output_fault(exc)
+                    slot.channel.send(("stop",))  # the process closes the generator and says "end"
+                    self._receive(slot)  # (or what closing it raised, which then fails the stream)
+                    return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+                deliver(*parts)
+                slot.channel.send(("stop",) if abandoned() else ("more",))
+                message = self._receive(slot)
+        except ChannelClosed:
+            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+        except NereidError as exc:
+            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+        finally:
+            self.worker.release(slot)
+        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)

@@ -1,0 +1,386 @@
+"""The process of one process instance (``isolation = "process"``): ``python -m
+nereid.instances.worker FD...``, started by ``process_instance.ProcessInstance``.
+
+It imports ``model.py``, builds the ``Model`` with its ``ModelContext`` (on its device),
+says "ready" with what it learnt of the class, then serves each of its channels on a
+thread of its own: ``infer`` (inputs from the server's arena, outputs into its own),
+``stream`` (a decoupled model's steps, one acknowledged message each), ``batch_size``
+and ``close``. Model faults are logged here, with their traceback (the server only
+reports them to the client). It ends when the server closes its channels, when told to
+close, and when the server process dies (the kernel's parent-death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import inspect
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from nereid.tensors.assembly import tensor_to_numpy
+from nereid.config.triton_json import INPUT_TENSORS
+from nereid.tensors.device import DeviceInputs, outputs_to_host
+from nereid.errors import ModelLoadError, NereidError
+from nereid.log import configure_logging
+from nereid.faults import MODEL_FAULTS
+from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
+from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.triton_python.adapter import TritonModel
+
+__all__ = ["main", "worker_outputs"]
+
+_log = logging.getLogger("nereid")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this process when the server dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the closed channels end it instead
+        pass
+    if os.getppid() == 1:  # the server died before the request took effect
+        os._exit(1)
+
+
+def worker_outputs(raw: Any) -> Any:
+    """What the model returned, made transferable: torch tensors (any device) become
+    numpy (as the server would convert them); anything else is left as is, lists of str
+    too: the server checks outputs against the config and converts or words the error
+    exactly as for a thread instance."""
+    if not isinstance(raw, dict):
+        return raw
+    if all(type(value) is np.ndarray for value in raw.values()):
+        return raw  # the common case: nothing to convert
+    raw = outputs_to_host(raw)  # CUDA tensors: one copy for the batch
+    return {
+        name: tensor_to_numpy(value) if type(value).__module__.startswith("torch") else value
+        for name, value in raw.items()
+    }
+
+
+def _sendable(outputs: Any) -> Any:
+    """``outputs`` with each value that cannot be pickled (a lambda, a generator)
+    replaced by an Unsendable naming its type: the server then words the error about it
+    as for a thread instance (``expected a numpy array or torch tensor, got function``)."""
+    if not isinstance(outputs, dict):
+        return Unsendable(type(outputs).__name__)
+    return {name: value if _picklable(value) else Unsendable(type(value).__name__) for name, value in outputs.items()}
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except _PICKLE_ERRORS:
+        return False
+    return True
+
+
+class _Worker:
+    def __init__(self, channels: list[Channel], init: dict[str, Any]) -> None:
+        self.channels = channels
+        self.context = init["context"]
+        self.model_class: ModelClass = load_model_class(
+            init["model_file"], self.context.model_name, self.context.model_version
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        if self.model_class.infer_is_async:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="worker-loop", daemon=True).start()
+        if self.context.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(self.context.device)
+        #: ``input_tensors = "torch"`` (the config's JSON form carries it as a parameter)
+        self.device_inputs: DeviceInputs | None = None
+        parameters = self.context.config.get("parameters", {})
+        if parameters.get(INPUT_TENSORS, {}).get("string_value") == "torch" and not self.model_class.triton:
+            self.device_inputs = DeviceInputs(self.context.device)
+        cls = self.model_class.cls
+        self.model: Any = None
+        self.send_lock = threading.Lock()  # a decoupled Triton model's senders write from their own threads
+        #: batches that may run at once (the instance's max_concurrent_batches): a batch sent
+        #: ahead waits here, its inputs in (and on the device), for the one before to end
+        self.turns = threading.Semaphore(init.get("concurrency") or len(channels))
+        try:
+            if self.model_class.triton:
+                self.model = TritonModel(cls, self.context)
+            else:
+                self.model = cls(self.context) if self.model_class.init_takes_context else cls()
+        except BaseException as exc:
+            MODEL_FAULTS.record(self.context.model_name, self.context.model_version, "__init__", exc)
+            raise ModelLoadError(  # worded as for a thread instance
+                self.context.model_name,
+                f"{init['model_file']}: Model.__init__ failed for instance {self.context.instance_name}: "
+                f"{describe_exception(exc)}",
+            ) from exc
+
+    def traits(self) -> dict[str, Any]:
+        mc = self.model_class
+        return {
+            "infer_takes_parameters": mc.infer_takes_parameters,
+            "has_batch_size": mc.has_batch_size,
+            "has_close": mc.has_close,
+            "infer_is_generator": mc.infer_is_generator,
+            "triton": mc.triton,
+        }
+
+    def serve(self, channel: Channel) -> None:
+        """Answer one channel's messages until it closes."""
+        inputs_arena: Arena | None = None
+        outputs_arena = Arena()
+        while True:
+            try:
+                message, fds = channel.recv()
+            except ChannelClosed:
+                return
+            kind = message[0]
+            if fds:
+                if inputs_arena is None:
+                    inputs_arena = Arena(fd=fds[0])
+                else:
+                    inputs_arena.adopt(fds)
+            if kind == "close":
+                self._close(channel)
+                return
+            if kind == "triton":
+                with self.turns:
+                    self._triton(channel, message[1])
+                continue
+            if kind == "triton-stream":
+                with self.turns:
+                    self._triton_stream(channel, message[1])
+                continue
+            assert inputs_arena is not None
+            inputs = read_arrays(inputs_arena, message[1], copy=False)
+            if kind != "batch_size" and self.device_inputs is not None:
+                try:
+                    inputs = self.device_inputs(inputs)
+                except BaseException as exc:  # torch's (out of memory): fails the batch
+                    channel.send(self._fault("infer", exc))
+                    continue
+            if kind == "batch_size":
+                self._reply(channel, "batch_size", lambda: self.model.batch_size(inputs))
+            elif kind == "infer":
+                self._infer(channel, outputs_arena, inputs, message[2])
+            elif kind == "stream":
+                with self.turns:
+                    self._stream(channel, outputs_arena, inputs, message[2])
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            assert self.loop is not None
+            return _run_on(self.loop, result)
+        return result
+
+    def _fault(self, stage: str, exc: BaseException) -> tuple[str, str, str]:
+        MODEL_FAULTS.record(self.context.model_name, self.context.model_version, stage, exc)
+        return ("error", type(exc).__name__, str(exc))
+
+    def _reply(self, channel: Channel, stage: str, fn: Any) -> None:
+        try:
+            channel.send(("ok", fn()))
+        except BaseException as exc:  # model code: every exception is the model's fault
+            channel.send(self._fault(stage, exc))
+
+    def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
+        """One batch: its turn is held while the model runs and its outputs come to the
+        host, then given to the next batch before these outputs are written and sent."""
+        outputs: Any = None
+        error: tuple[str, str, str] | None = None
+        with self.turns:
+            try:
+                outputs = worker_outputs(self._call(self.model.infer, inputs, *params))
+            except BaseException as exc:
+                error = self._fault("infer", exc)
+        if error is not None:
+            channel.send(error)
+            return
+        self._send_outputs(channel, arena, "ok", outputs)
+
+    def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any) -> None:
+        """Numpy outputs through the arena; anything else (and object arrays of other
+        than bytes and str) pickled: the server checks them as for a thread instance and
+        words the error."""
+        if isinstance(outputs, dict) and all(isinstance(v, np.ndarray) for v in outputs.values()):
+            try:
+                specs = write_arrays(arena, outputs)
+            except (TypeError, ValueError):  # e.g. an object array of ints: pickled below
+                pass
+            else:
+                channel.send((kind, specs), arena.take_fd_to_send())
+                return
+        try:
+            channel.send((kind + "-raw", outputs))
+            return
+        except _PICKLE_ERRORS:
+            pass
+        try:
+            channel.send((kind + "-raw", _sendable(outputs)))
+        except _PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
+            channel.send(("error", "TypeError", f"infer returned a value that cannot be sent to the server: {exc}"))
+
+    def _stream(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
+        try:
+            steps = self.model.infer(inputs, *params)
+            if self.loop is not None:  # as a thread instance words it
+                if not hasattr(steps, "__anext__"):
+                    _discard(steps)
+                    raise TypeError(
+                        f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}"
+                    )
+                steps = _sync_steps(steps, self.loop)
+            elif not hasattr(steps, "__next__"):
+                raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
+            try:
+                for step in steps:
+                    self._send_outputs(channel, arena, "step", worker_outputs(step))
+                    ack, _ = channel.recv()
+                    if ack[0] != "more":
+                        break
+            finally:
+                steps.close()
+        except ChannelClosed:
+            raise
+        except BaseException as exc:
+            channel.send(self._fault("infer", exc))
+            return
+        channel.send(("end",))
+
+    def _triton(self, channel: Channel, requests: list[Any]) -> None:
+        """A TritonPythonModel's batch: the requests come and their answers go pickled,
+        one per request (outputs, or an error's class name and message)."""
+        try:
+            answers = self.model.execute(requests)
+        except BaseException as exc:
+            channel.send(self._fault("infer", exc))
+            return
+        try:
+            channel.send(("ok-triton", [_portable(answer) for answer in answers]))
+        except _PICKLE_ERRORS as exc:
+            channel.send(("error", "TypeError", f"execute returned a value that cannot be sent to the server: {exc}"))
+
+    def _triton_stream(self, channel: Channel, requests: list[Any]) -> None:
+        """A decoupled TritonPythonModel's batch: each response a sender sends goes to the
+        server as ("step", index, answer, final), from the sending thread; then
+        ("started",) once execute has returned (or its error)."""
+
+        def deliver(index: int, answer: Any, final: bool) -> None:
+            with self.send_lock:
+                channel.send(("step", index, None if answer is None else _portable(answer), final))
+
+        try:
+            self.model.execute_decoupled(requests, deliver, lambda index: False)
+        except BaseException as exc:
+            with self.send_lock:
+                channel.send(self._fault("infer", exc))
+            return
+        with self.send_lock:
+            channel.send(("started",))
+
+    def _close(self, channel: Channel) -> None:
+        """The model's close(), then the repeats of its faults still counted (as the
+        server flushes a thread instance's at unload), then the reply."""
+        reply: tuple[Any, ...] = ("ok", None)
+        if self.model_class.has_close:
+            try:
+                self._call(self.model.close)
+            except BaseException as exc:  # model code
+                reply = self._fault("close", exc)
+        MODEL_FAULTS.flush(self.context.model_name, self.context.model_version)
+        channel.send(reply)
+
+
+_PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, ValueError)
+
+
+def _portable(answer: Any) -> Any:
+    """A Triton model's answer as the server rebuilds it: outputs as numpy (a torch tensor
+    moved to host), an error as ("error", class name, message)."""
+    if isinstance(answer, NereidError):
+        return ("error", type(answer).__name__, answer.message)
+    return worker_outputs(answer)
+
+
+async def _contained(awaitable: Any) -> tuple[bool, Any]:
+    """Await model code on the worker's loop, whatever it raises returned rather than
+    raised: a SystemExit or KeyboardInterrupt leaving a task stops the loop itself (every
+    later await would hang), and a CancelledError of the model's own would come back as
+    the cross-thread future's bare CancelledError, its message lost."""
+    try:
+        return True, await awaitable
+    except BaseException as exc:  # model code: handed to the calling thread as it is
+        return False, exc
+
+
+def _run_on(loop: asyncio.AbstractEventLoop, awaitable: Any) -> Any:
+    """``await awaitable`` on ``loop``, from a serving thread: its result, or what it raised."""
+    ok, value = asyncio.run_coroutine_threadsafe(_contained(awaitable), loop).result()
+    if not ok:
+        raise value
+    return value
+
+
+def _discard(value: Any) -> None:
+    """Close what infer returned and will not be used (a coroutine never awaited warns)."""
+    if inspect.iscoroutine(value):
+        value.close()
+
+
+def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
+    """An async generator iterated from this thread through the worker's loop."""
+
+    class _Steps:
+        def __iter__(self) -> Any:
+            return self
+
+        def __next__(self) -> Any:
+            try:
+                return _run_on(loop, steps.__anext__())
+            except StopAsyncIteration:
+                raise StopIteration from None
+
+        def close(self) -> None:
+            _run_on(loop, steps.aclose())
+
+    return _Steps()
+
+
+def main(argv: list[str] | None = None) -> int:
+    fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
+    channels = [Channel(socket.socket(fileno=fd)) for fd in fds]
+    init, _ = channels[0].recv()
+    settings = init["log"]
+    configure_logging(settings.log_verbose_level, settings.log_format, info=settings.log_info,
+                      warning=settings.log_warning, error=settings.log_error)
+    try:
+        worker = _Worker(channels, init)
+    except BaseException as exc:  # import or __init__: the server makes the model UNAVAILABLE
+        # the reason, as a thread instance's load words it (load_model_class's own, the
+        # __init__ one above, else the model loader's "<file>: <exception>")
+        reason = exc.message if isinstance(exc, ModelLoadError) else f"{init['model_file']}: {describe_exception(exc)}"
+        channels[0].send(("load-error", reason))
+        return 1
+    channels[0].send(("ready", worker.traits()))
+    threads = [threading.Thread(target=worker.serve, args=(ch,), daemon=True) for ch in channels[1:]]
+    for thread in threads:
+        thread.start()
+    worker.serve(channels[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Models as the server holds them: load, serve, unload; states, warmup, the admin requests."""

@@ -1,0 +1,206 @@
+"""Loading and closing one model version: import, instances, warmup, labels, batcher.
+
+``ModelLoader.load`` turns a version folder into a ServingModel not yet taking traffic;
+``close`` drains and closes one. The model manager decides when (model_manager.py);
+tests give it a stub ``Loader`` instead. User code never runs on the event loop here
+(imports and ``__init__`` run in threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import time
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from nereid.tensors.assembly import request_cost, signature_function
+from nereid.scheduling.batcher import DynamicBatcher, Instance
+from nereid.config import to_triton_json
+from nereid.config.schema import ModelConfig
+from nereid.context import ModelContext
+from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
+from nereid.errors import InvalidInputError, ModelLoadError, NereidError
+from nereid.inference import InferRequest
+from nereid.instances.thread import ModelInstance
+from nereid.faults import MODEL_FAULTS
+from nereid.repository.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
+from nereid.instances.process import ProcessInstance
+from nereid.repository.scan import ModelSource, VersionSource
+from nereid.models.serving import ServingModel
+from nereid.stats import ModelStats
+from nereid.models.warmup import build_samples, run_warmup
+
+__all__ = ["Loader", "ModelLoader", "batcher_for"]
+
+_log = logging.getLogger("nereid")
+
+
+class Loader(Protocol):
+    """What the model manager needs to bring a version up and down."""
+
+    async def load(self, source: ModelSource, version: VersionSource, /) -> ServingModel:
+        """A ready ServingModel not yet taking traffic; raises ModelLoadError with the
+        reason. On failure or cancellation whatever was started is closed again."""
+
+    async def close(self, serving: ServingModel, /) -> None:
+        """Retire ``serving``: let accepted requests finish, then free everything it holds."""
+
+
+class ModelLoader:
+    """The real Loader: model files from the repository, instances on their devices."""
+
+    def __init__(self) -> None:
+        self._gpus = GpuInventory()
+        # Model constructors run one at a time (each on its instance's own thread): user
+        # __init__ code imports libraries, and some (transformers' lazy modules) are not
+        # safe to import from two threads at once. Loading stays off the event loop.
+        self._construct_lock = asyncio.Lock()
+        #: at shutdown: when (time.monotonic) unloading stops waiting for model code
+        self.deadline: float | None = None
+        #: "name:version" of the versions whose running batches were abandoned at the deadline
+        self.abandoned: list[str] = []
+
+    async def load(self, source: ModelSource, version: VersionSource) -> ServingModel:
+        """Import, start every instance, warm up, start the batcher: a ServingModel not yet
+        taking traffic. Raises ModelLoadError with the reason (naming file and key); on
+        any failure or cancellation whatever was started is closed again."""
+        assert source.config is not None
+        name = source.name
+        instances: list[ModelInstance | ProcessInstance] = []
+        model_class: ModelClass | None = None
+        try:
+            config = await resolve_instance_groups(source.config, source.path / "config.toml", self._gpus)
+            config_json = to_triton_json(config)
+            samples = await asyncio.to_thread(
+                build_samples, config, source.path, model_version=version.version
+            )
+            groups = placements(config)
+            if any(isolation_of(group) == "thread" for group, _ in groups):
+                # a process instance imports model.py in its own process, never here
+                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
+            for index, (group, device) in enumerate(groups):
+                context = ModelContext(
+                    model_name=name,
+                    model_version=version.version,
+                    instance_name=f"{name}_{index}",
+                    instance_index=index,
+                    device=device,
+                    kind="GPU" if device.startswith("cuda") else "CPU",
+                    config=config_json,
+                    parameters=dict(config.parameters),
+                    model_dir=version.path,
+                    max_batch_size=config.max_batch_size,
+                    device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
+                )
+                instance: ModelInstance | ProcessInstance
+                if isolation_of(group) == "process":
+                    instance = ProcessInstance(version.model_file, context, config)
+                    instances.append(instance)
+                    await instance.start()  # its own process: no import lock needed
+                else:
+                    assert model_class is not None
+                    instance = ModelInstance(model_class, context, config)
+                    instances.append(instance)
+                    async with self._construct_lock:
+                        await instance.start()
+            if model_class is None:  # process instances only: what they learnt of the class
+                model_class = instances[0].model_class
+            assert model_class is not None
+            await run_warmup(samples, instances, name)
+            labels = await asyncio.to_thread(_load_labels, config, version.path, source.path)
+            stats = ModelStats(name, version.version)
+            batcher = batcher_for(name, config, instances, stats)
+            await batcher.__aenter__()
+        except BaseException as exc:
+            for instance in instances:
+                await instance.close()
+            MODEL_FAULTS.flush(name, version.version)  # the next load attempt logs its failures afresh
+            if model_class is not None:
+                unload_model_module(model_class)
+            if isinstance(exc, ModelLoadError):
+                raise
+            if isinstance(exc, NereidError):
+                raise ModelLoadError(name, exc.message, str(version.model_file)) from exc
+            if isinstance(exc, Exception):  # anything user code or the filesystem throws
+                _log.exception("loading %s:%d failed", name, version.version)
+                raise ModelLoadError(
+                    name, f"{version.model_file}: {describe_exception(exc)}", str(version.model_file)
+                ) from exc
+            raise
+        return ServingModel(
+            name, version.version, config, config_json, stats, batcher, tuple(instances), model_class, labels
+        )
+
+    async def close(self, serving: ServingModel) -> None:
+        """Stop taking requests, let accepted ones finish (the batcher drains its queue and
+        running batches), close the instances, and only then forget the model's modules.
+        Past ``deadline`` (set at shutdown) batches still in the model are abandoned:
+        their requests fail, the version is listed in ``abandoned`` and its instances
+        close without waiting for model code."""
+        serving.retired = True
+        timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        if not await serving.batcher.aclose(timeout):
+            self.abandoned.append(f"{serving.name}:{serving.version}")
+            _log.error(
+                "model '%s' version %d: a batch was still running in model code at the exit timeout "
+                "(--exit-timeout-secs); abandoned, its requests failed", serving.name, serving.version,
+            )
+        for instance in serving.instances:
+            await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
+        MODEL_FAULTS.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
+        unload_model_module(serving.model_class)
+
+
+def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], stats: ModelStats) -> DynamicBatcher:
+    """The batcher of a served model, over its InferRequests: cost is rows (or the model's
+    ``batch_size()``), requests whose shapes differ never share a batch (unless padded)."""
+    cost_fn = instances[0].cost_function if instances else None
+    batching = config.dynamic_batching is not None and config.max_batch_size > 0
+    limit = config.max_batch_size
+
+    rows_of: Callable[[InferRequest], int] = operator.attrgetter("rows")
+
+    def cost_of(request: InferRequest) -> int:
+        cost = request_cost(request, cost_fn)
+        if batching and cost > limit:
+            raise InvalidInputError(
+                f"model '{name}': request cost {cost} (from Model.batch_size) exceeds max_batch_size {limit}",
+                model=name,
+            )
+        return cost
+
+    return DynamicBatcher(
+        model_name=name,
+        max_batch_size=config.max_batch_size,
+        dynamic_batching=config.dynamic_batching,
+        instances=instances,
+        stats=stats,
+        cost_of=rows_of if cost_fn is None else cost_of,
+        signature_of=signature_function(config),
+        rows_of=rows_of,
+        streaming=config.decoupled,
+        execution_timeout_ms=config.execution_timeout_ms,
+    )
+
+
+def _load_labels(config: ModelConfig, version_dir: Path, model_dir: Path) -> dict[str, list[str]]:
+    """Label files named by outputs' ``label_filename`` (looked up in the version folder,
+    then the model folder), one label per line, for the classification extension."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        for folder in (version_dir, model_dir):
+            path = folder / output.label_filename
+            if path.is_file():
+                labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+                break
+        else:
+            raise ModelLoadError(
+                config.name,
+                f"{model_dir / output.label_filename}: label_filename of output "
+                f"'{output.name}' not found",
+            )
+    return labels

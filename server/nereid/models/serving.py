@@ -1,0 +1,117 @@
+"""ServingModel: a READY model version as the surfaces use it (the serving handle).
+
+The surfaces (HTTP endpoints, the generate extension, the in-process API, metrics) reach
+a model only through this object: ``infer`` (await the answer), ``submit`` (answered
+through a callback), ``stream`` (a decoupled model's steps), and ``queue_depth`` /
+``executing`` for metrics. How requests are batched and answered lives behind it
+(batcher.py, pending.py); how it is built and closed in model_loader.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Mapping
+
+import numpy as np
+
+from nereid.scheduling.batcher import DynamicBatcher
+from nereid.config.schema import ModelConfig
+from nereid.errors import ModelNotFoundError
+from nereid.inference import InferRequest
+from nereid.instances.thread import ModelInstance
+from nereid.instances.process import ProcessInstance
+from nereid.repository.model_file import ModelClass
+from nereid.scheduling.pending import OnAnswer, Pending
+from nereid.stats import ModelStats
+
+__all__ = ["ServingModel", "Ticket"]
+
+#: What ``ServingModel.submit`` returns: ``withdraw()`` it if the caller goes away.
+Ticket = Pending
+
+
+@dataclass(eq=False)
+class ServingModel:
+    """A READY model version: its config (records and Triton JSON), statistics, and the
+    ways in. ``batcher`` and ``instances`` are the loader's (model_loader.py), not the
+    surfaces'."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    config_json: dict[str, Any]
+    stats: ModelStats
+    batcher: DynamicBatcher
+    instances: tuple[ModelInstance | ProcessInstance, ...]
+    model_class: ModelClass
+    labels: Mapping[str, list[str]] = field(default_factory=dict)
+    #: set when this object stops taking traffic; ``successor`` when a reload of the
+    #: same version replaced it.
+    retired: bool = field(default=False, init=False, repr=False)
+    successor: ServingModel | None = field(default=None, init=False, repr=False)
+
+    @property
+    def problem(self) -> str | None:
+        """Why this version cannot serve now, when none of its instances can (a process
+        restarting, an instance stuck past its execution timeout); None when one can.
+        Requests still queue meanwhile, and run once an instance is back."""
+        problems = [instance.problem for instance in self.instances]
+        if not problems or any(problem is None for problem in problems):
+            return None
+        return "no instance can serve: " + "; ".join(p for p in problems if p is not None)
+
+    @property
+    def has_process_instances(self) -> bool:
+        return any(isinstance(instance, ProcessInstance) for instance in self.instances)
+
+    @property
+    def restarts(self) -> int:
+        """Restarts of this version's process instances (0 for thread instances)."""
+        return sum(instance.restarts for instance in self.instances if isinstance(instance, ProcessInstance))
+
+    async def infer(self, request: InferRequest, received_ns: int | None = None) -> dict[str, np.ndarray]:
+        """Run one request through the batcher; its own output rows come back.
+
+        A caller that looked this object up just before a reload retired it is served by
+        the object that replaced it; after an unload it gets Triton's "no available
+        versions" error (the manager never hands out a retired object itself)."""
+        outputs: dict[str, np.ndarray] = await self._current().batcher.infer(request, received_ns)
+        return outputs
+
+    def submit(self, request: InferRequest, received_ns: int | None, on_answer: OnAnswer) -> Ticket:
+        """Queue one request without waiting (``infer`` for callback-driven callers):
+        ``on_answer(outputs, error)`` is called once with its answer (``DynamicBatcher.submit``);
+        ``ticket.withdraw()`` if the caller goes away."""
+        return self._current().batcher.submit(request, received_ns, on_answer)
+
+    async def stream(
+        self, request: InferRequest, received_ns: int | None = None
+    ) -> AsyncGenerator[dict[str, np.ndarray], None]:
+        """A decoupled model's request: its outputs step by step (``DynamicBatcher.stream``).
+        Closing the iteration early (the client went away) takes the request out of its
+        queue or batch at once."""
+        steps = self._current().batcher.stream(request, received_ns)
+        async with contextlib.aclosing(steps):
+            async for step in steps:
+                yield step
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting in this version's queue now."""
+        return self.batcher.queue_depth
+
+    @property
+    def executing(self) -> int:
+        """This version's batches running now."""
+        return self.batcher.executing
+
+    def _current(self) -> ServingModel:
+        serving = self
+        while serving.successor is not None:
+            serving = serving.successor
+        if serving.retired:
+            raise ModelNotFoundError(
+                f"Request for unknown model: '{self.name}' has no available versions", model=self.name
+            )
+        return serving

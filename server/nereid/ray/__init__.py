@@ -1,0 +1,1 @@
+"""nereid on Ray Serve."""

@@ -1,0 +1,1 @@
+"""The model repository: scanning its folders, watching them, importing a model file."""

@@ -1,0 +1,1 @@
+"""One model's scheduling: the request queue, the dynamic batcher, pending answers, time."""

@@ -1,0 +1,125 @@
+"""Tensors on a model's device: the GPU data path (``input_tensors = "torch"``).
+
+Owns moving a batch's numpy inputs onto the instance's device as torch tensors (through a
+pinned host buffer per input, reused batch after batch, copied to the GPU without
+blocking) and bringing a batch's CUDA tensor outputs back in one device-to-host copy.
+torch is imported lazily: only by models that ask for tensors or return CUDA tensors.
+Knows nothing of requests, batches or HTTP.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DeviceInputs", "INPUT_TENSOR_FORMATS", "outputs_to_host"]
+
+#: ``input_tensors`` values: numpy arrays (the default) or torch tensors on the device.
+INPUT_TENSOR_FORMATS = ("numpy", "torch")
+
+
+class DeviceInputs:
+    """Turns a batch's inputs into torch tensors on ``device`` (``"cpu"`` or ``"cuda:N"``).
+
+    On a GPU each input is copied into a pinned host buffer (one per input name and per
+    thread that runs batches, grown when a batch needs more, reused otherwise) and from
+    there to the device with ``non_blocking=True``, on the current stream, so the model's
+    kernels queue behind the copy and the thread goes on at once; the next batch on that
+    thread waits for the copy (a CUDA event) before it reuses the buffer. On the CPU the
+    arrays become tensors without a copy. STRING inputs, and dtypes torch has no tensor
+    for, stay numpy arrays."""
+
+    def __init__(self, device: str) -> None:
+        import torch  # lazily: only models that ask for tensors load it
+
+        self._torch = torch
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._local = threading.local()
+        self._dtypes: dict[np.dtype[Any], Any] = {}
+
+    @property
+    def pinned_bytes(self) -> int:
+        """The pinned host memory held by the calling thread's buffers."""
+        buffers: dict[str, Any] = getattr(self._local, "buffers", {})
+        return sum(int(buffer.numel()) for buffer in buffers.values())
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        if not self._cuda:
+            return {name: self._on_cpu(array) for name, array in inputs.items()}
+        torch = self._torch
+        local = self._local
+        copied = getattr(local, "copied", None)
+        if copied is not None:
+            copied.synchronize()  # the last batch's copies have left the buffers
+        buffers: dict[str, Any] = local.__dict__.setdefault("buffers", {})
+        moved: dict[str, Any] = {}
+        for name, array in inputs.items():
+            if not _tensor_dtype(array):
+                moved[name] = array
+                continue
+            size = array.nbytes
+            buffer = buffers.get(name)
+            if buffer is None or buffer.numel() < size:
+                buffer = buffers[name] = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
+            staged = buffer[:size].view(self._dtype(array.dtype)).reshape(array.shape)
+            np.copyto(staged.numpy(), array)  # the gather's one copy, into pinned memory
+            moved[name] = staged.to(self.device, non_blocking=True)
+        # on the stream the copies (and the model's kernels) run on, whichever device this
+        # thread has current
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        local.copied = event
+        return moved
+
+    def _dtype(self, dtype: np.dtype[Any]) -> Any:
+        """torch's dtype for a numpy dtype (one that ``_tensor_dtype`` accepts)."""
+        found = self._dtypes.get(dtype)
+        if found is None:
+            found = self._dtypes[dtype] = self._torch.from_numpy(np.empty(0, dtype)).dtype
+        return found
+
+    def _on_cpu(self, array: np.ndarray) -> Any:
+        if not _tensor_dtype(array):
+            return array
+        if not array.flags.writeable:  # torch warns on read-only memory (a request's bytes)
+            array = array.copy()
+        return self._torch.from_numpy(array)
+
+
+def _tensor_dtype(array: np.ndarray) -> bool:
+    """Whether torch has a tensor for ``array``'s dtype (not objects, bytes or ml_dtypes')."""
+    return array.dtype.kind in "biuf" and array.dtype.isbuiltin == 1
+
+
+def outputs_to_host(raw: Any) -> Any:
+    """A model's return value with its CUDA tensors brought to the host in one copy: the
+    tensors are laid end to end on the device (as bytes) and copied once, then read back
+    as numpy arrays of their own dtypes and shapes. Anything else is left as is (split()
+    converts and checks it)."""
+    if not isinstance(raw, dict) or all(type(value) is np.ndarray for value in raw.values()):
+        return raw
+    on_gpu = [
+        name for name, value in raw.items()
+        if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False)
+    ]
+    if len(on_gpu) < 2:
+        return raw  # one tensor is one copy anyway (split's tensor_to_numpy)
+    import torch  # loaded already: the model returned its tensors
+
+    from nereid.tensors.assembly import tensor_to_numpy
+
+    # widest elements first: every tensor then starts at a multiple of its element size
+    # (a byte view is read back as its dtype only from such an offset)
+    on_gpu.sort(key=lambda name: -raw[name].element_size())
+    tensors = [raw[name].detach().contiguous() for name in on_gpu]
+    flat = torch.cat([tensor.reshape(-1).view(torch.uint8) for tensor in tensors]).cpu()
+    converted = dict(raw)
+    offset = 0
+    for name, tensor in zip(on_gpu, tensors):
+        size = tensor.numel() * tensor.element_size()
+        converted[name] = tensor_to_numpy(flat[offset:offset + size].view(tensor.dtype).reshape(tensor.shape))
+        offset += size
+    return converted
