@@ -34,7 +34,7 @@ from nereid.errors import (
     UnsupportedError,
 )
 from nereid.http import compression, infer, infer_request, infer_response
-from nereid.http.model_codec import ModelCodec
+from nereid.http.infer_memo import HttpModelTables
 from nereid.inference import InferRequest, InferResult, RequestedOutput
 from nereid.tensors.checks import InputProblem
 from tritonclient.http import InferInput, InferRequestedOutput  # type: ignore[import-untyped]
@@ -112,11 +112,11 @@ def client_body(
 
 
 def parse(
-    body: bytes, header: str | None = None, cfg: ModelConfig | ModelCodec = IDENTITY, **kwargs: Any
+    body: bytes, header: str | None = None, cfg: ModelConfig | HttpModelTables = IDENTITY, **kwargs: Any
 ) -> InferRequest:
-    """The full parser for a plain config; for a ModelCodec, the endpoint's way
+    """The full parser for a plain config; for a HttpModelTables, the endpoint's way
     (``infer.read_request``: its repeats first, then the full parser, which they learn from)."""
-    if isinstance(cfg, ModelCodec):
+    if isinstance(cfg, HttpModelTables):
         return infer.read_request(
             body, header, cfg, "m", 1, kwargs.get("max_json_size", 64 << 20), kwargs.get("resolve_shm")
         )
@@ -1366,14 +1366,14 @@ def test_configs_are_told_apart_even_when_equal_in_name() -> None:
 
 
 # -- repeated headers (parse plans) --------------------------------------------------------
-# A model's ModelCodec remembers what it decided for a JSON header it has parsed twice; from
+# A model's HttpModelTables remembers what it decided for a JSON header it has parsed twice; from
 # the third request on, only the arrays are made. These tests send each header at least three
-# times through one ModelCodec, and compare with a plain ModelConfig (parsed afresh each time).
+# times through one HttpModelTables, and compare with a plain ModelConfig (parsed afresh each time).
 
 
-def fresh_identity() -> ModelCodec:
+def fresh_identity() -> HttpModelTables:
     """A codec for the identity config with nothing remembered yet."""
-    return ModelCodec.for_config(config())
+    return HttpModelTables.for_config(config())
 
 
 def test_a_repeated_header_reads_each_new_body() -> None:
@@ -1385,7 +1385,7 @@ def test_a_repeated_header_reads_each_new_body() -> None:
 
     requests = [parse(body, header, cfg) for body in (first, first, second, first)]
 
-    assert (cfg.repeats.counters.plans, cfg.repeats.counters.requests) == (1, 2)  # 3rd and 4th from the plan
+    assert (cfg.memo.counters.plans, cfg.memo.counters.requests) == (1, 2)  # 3rd and 4th from the plan
     assert [r.inputs["INPUT0"][0, 0] for r in requests] == [1.0, 1.0, 2.0, 1.0]
     assert np.shares_memory(requests[2].inputs["INPUT0"], np.frombuffer(second, np.uint8))
     assert not requests[2].inputs["INPUT0"].flags.writeable
@@ -1397,12 +1397,12 @@ def test_a_planned_header_is_parsed_the_short_way_into_the_same_request() -> Non
     first, header = client_body([client_input("INPUT0", np.full((1, 16), 1.0, np.float32), "FP32")])
     second, _ = client_body([client_input("INPUT0", np.full((1, 16), 2.0, np.float32), "FP32")])
     assert header is not None
-    assert cfg.repeats.parse(first, header, "m", 1, 64 << 20) is None  # nothing planned yet
+    assert cfg.memo.parse(first, header, "m", 1, 64 << 20) is None  # nothing planned yet
     parse(first, header, cfg)
-    assert cfg.repeats.parse(first, header, "m", 1, 64 << 20) is None  # seen once: not planned
+    assert cfg.memo.parse(first, header, "m", 1, 64 << 20) is None  # seen once: not planned
     parse(first, header, cfg)
 
-    planned = cfg.repeats.parse(second, header, "m", 1, 64 << 20)
+    planned = cfg.memo.parse(second, header, "m", 1, 64 << 20)
 
     assert planned is not None
     assert _summary(planned) == _summary(parse(second, header, fresh_identity()))
@@ -1431,25 +1431,25 @@ def test_anything_but_a_planned_header_is_left_to_the_full_parser(
     assert header is not None
     for _ in range(2):
         parse(body, header, cfg)
-    assert cfg.repeats.parse(body, header, "m", 1, 64 << 20) is not None
+    assert cfg.memo.parse(body, header, "m", 1, 64 << 20) is not None
 
-    assert cfg.repeats.parse(body, header_of(header), "m", 1, limit) is None
+    assert cfg.memo.parse(body, header_of(header), "m", 1, limit) is None
 
 
 def test_a_planned_header_with_inputs_to_convert_converts_them_from_each_body() -> None:
     spec = config(inputs=(("B", "BOOL", (4,)),), max_batch_size=0)
-    cfg = ModelCodec.for_config(spec)
+    cfg = HttpModelTables.for_config(spec)
     body, header = client_body([client_input("B", np.array([True, False, True, True]), "BOOL")])
     for _ in range(2):
         parse(body, header, cfg)
-    assert cfg.repeats.counters.plans == 1  # planned, but BOOL bytes are normalised: not a plain view
+    assert cfg.memo.counters.plans == 1  # planned, but BOOL bytes are normalised: not a plain view
 
-    planned = cfg.repeats.parse(body, header, "m", 1, 64 << 20)
+    planned = cfg.memo.parse(body, header, "m", 1, 64 << 20)
     assert planned is not None and _summary(planned) == _summary(parse(body, header, spec))
 
 
 def test_a_repeated_header_still_checks_bytes_framing() -> None:
-    cfg = ModelCodec.for_config(config(inputs=(("S", "BYTES", (2,)),), max_batch_size=0))
+    cfg = HttpModelTables.for_config(config(inputs=(("S", "BYTES", (2,)),), max_batch_size=0))
     head = orjson.dumps({"id": "x", "inputs": [tensor("S", (2,), "BYTES", **binary(10))]})
     good = head + b"\x01\x00\x00\x00a\x01\x00\x00\x00b"
     bad = head + b"\x05\x00\x00\x00a\x01\x00\x00\x00b"
@@ -1464,13 +1464,13 @@ def test_a_repeated_header_still_checks_bytes_framing() -> None:
 
 
 def test_a_repeated_header_normalises_bools_of_each_body() -> None:
-    cfg = ModelCodec.for_config(config(inputs=(("X", "BOOL", (2,)),), max_batch_size=0))
+    cfg = HttpModelTables.for_config(config(inputs=(("X", "BOOL", (2,)),), max_batch_size=0))
     head = orjson.dumps({"inputs": [tensor("X", (2,), "BOOL", **binary(2))]})
     for _ in range(2):
         assert parse(head + b"\x00\x07", str(len(head)), cfg).inputs["X"].tolist() == [False, True]
-    assert cfg.repeats.counters.plans == 1
+    assert cfg.memo.counters.plans == 1
     assert parse(head + b"\x03\x00", str(len(head)), cfg).inputs["X"].tolist() == [True, False]
-    assert cfg.repeats.counters.requests == 1
+    assert cfg.memo.counters.requests == 1
 
 
 def test_a_repeated_header_gives_each_request_its_own_parameters() -> None:
@@ -1493,7 +1493,7 @@ def test_parsing_keeps_no_reference_to_the_body() -> None:
     assert sys.getrefcount(body) == before
 
 
-def _outcome(body: bytes, header: str | None, cfg: ModelConfig | ModelCodec) -> Any:
+def _outcome(body: bytes, header: str | None, cfg: ModelConfig | HttpModelTables) -> Any:
     """A comparable summary of parsing: the error, or every field of the request."""
     try:
         request = parse(body, header, cfg)
@@ -1520,10 +1520,10 @@ def _summary(request: InferRequest) -> Any:
     )
 
 
-def _remembering(cfg: ModelConfig) -> ModelCodec:
+def _remembering(cfg: ModelConfig) -> HttpModelTables:
     """A codec for ``cfg`` that remembers the headers it parses (a ModelConfig alone is
     parsed afresh every time)."""
-    return ModelCodec.for_config(cfg)
+    return HttpModelTables.for_config(cfg)
 
 
 @st.composite
@@ -1571,7 +1571,7 @@ def test_a_remembered_client_header_parses_a_new_body_exactly_like_a_fresh_parse
     assert _outcome(other, header, warm) == _outcome(other, header, cfg)
     # The short way to a planned request, where it answers, gives the same request.
     try:
-        planned = warm.repeats.parse(other, header, "m", 1, 64 << 20)
+        planned = warm.memo.parse(other, header, "m", 1, 64 << 20)
     except NereidError as exc:  # a plan re-checks BYTES framing: the same error as a fresh parse
         assert (type(exc), exc.message) == _outcome(other, header, cfg)
     else:
@@ -1613,7 +1613,7 @@ def _answer(outputs: dict[str, np.ndarray], request: InferRequest, codec_: Any, 
 
 
 def test_a_repeated_answer_carries_each_new_value_and_shape() -> None:
-    memo = ModelCodec.for_config(ANSWER_CONFIG)
+    memo = HttpModelTables.for_config(ANSWER_CONFIG)
     request = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
     answers = [
         {"A": np.full((1, 3), value, np.float32), "B": np.full((1, n), value, np.int8)}
@@ -1621,23 +1621,23 @@ def test_a_repeated_answer_carries_each_new_value_and_shape() -> None:
     ]
     known = []
     for outputs in answers:
-        known.append(memo.repeats.answer(request, outputs, 1))
+        known.append(memo.memo.answer(request, outputs, 1))
         body, headers = _answer(outputs, request, memo)
-        assert (body, headers) == _answer(outputs, request, ModelCodec.for_config(ANSWER_CONFIG))
+        assert (body, headers) == _answer(outputs, request, HttpModelTables.for_config(ANSWER_CONFIG))
         decoded = client_result(body, dict(headers))
         np.testing.assert_array_equal(decoded.as_numpy("A"), outputs["A"])
         np.testing.assert_array_equal(decoded.as_numpy("B"), outputs["B"])
         if known[-1] is not None:  # the short way gives the same bytes
             assert b"".join(known[-1][1]) == body
             assert list(known[-1][0]) == headers + [(b"content-length", b"%d" % len(body))]
-    assert memo.repeats.counters.answers == 3  # the shortcut was taken for each repeat
+    assert memo.memo.counters.answers == 3  # the shortcut was taken for each repeat
     # remembered from the second answer of a kind on: not from the first of each
     assert [k is not None for k in known] == [False, True, True, False, True]
     assert known[1][0] is known[2][0]  # the same headers object: the engine may remember its encoding
 
 
 def test_a_remembered_header_is_not_used_for_another_id_version_or_selection() -> None:
-    memo = ModelCodec.for_config(ANSWER_CONFIG)
+    memo = HttpModelTables.for_config(ANSWER_CONFIG)
     outputs = {"A": np.ones((1, 2), np.float32), "B": np.ones((1, 2), np.int8)}
     plain = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
     with_id = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True, id="r7")
@@ -1651,14 +1651,14 @@ def test_a_remembered_header_is_not_used_for_another_id_version_or_selection() -
     for _ in range(2):
         for request in (plain, with_id, only_b, only_b_again, as_json):
             for version in (1, 2):
-                fresh = ModelCodec.for_config(ANSWER_CONFIG)
+                fresh = HttpModelTables.for_config(ANSWER_CONFIG)
                 assert _answer(outputs, request, memo, version) == _answer(outputs, request, fresh, version)
     body, headers = _answer(outputs, with_id, memo)
     assert json.loads(body[: int(dict(headers)[b"inference-header-content-length"])])["id"] == "r7"
 
 
 def test_converted_or_json_or_classified_outputs_are_not_remembered() -> None:
-    memo = ModelCodec.for_config(ANSWER_CONFIG)
+    memo = HttpModelTables.for_config(ANSWER_CONFIG)
     binary = InferRequest(model_name="m", inputs={}, rows=1, binary_data_output=True)
     classified = InferRequest(
         model_name="m", inputs={}, rows=1, outputs=(RequestedOutput("A", binary_data=True, classification=1),)
@@ -1669,7 +1669,7 @@ def test_converted_or_json_or_classified_outputs_are_not_remembered() -> None:
         _answer({"A": np.ones((1, 2), np.float32)}, classified, memo)
         _answer({"A": [[1.0, 2.0]]}, binary, memo)  # not an array
         _answer({"A": np.ones((1, 2), np.float32)}, as_json, memo)
-    assert memo.repeats.counters.replies == 0
+    assert memo.memo.counters.replies == 0
 
 
 @st.composite
@@ -1697,13 +1697,13 @@ def answer_cases(draw: st.DrawFn) -> tuple[dict[str, np.ndarray], InferRequest]:
 def test_remembered_answers_encode_exactly_like_fresh_ones(
     cases: list[tuple[dict[str, np.ndarray], InferRequest]], repeats: int
 ) -> None:
-    memo = ModelCodec.for_config(ANSWER_CONFIG)
+    memo = HttpModelTables.for_config(ANSWER_CONFIG)
     for repeat in range(repeats + 1):
         for outputs, request in cases:
             if repeat == repeats:  # the same dtypes and shapes, other values
                 outputs = {name: value[..., ::-1].copy() + value for name, value in outputs.items()}
-            fresh = ModelCodec.for_config(ANSWER_CONFIG)
-            known = memo.repeats.answer(request, outputs, 1)
+            fresh = HttpModelTables.for_config(ANSWER_CONFIG)
+            known = memo.memo.answer(request, outputs, 1)
             expected = _answer(outputs, request, fresh)
             assert _answer(outputs, request, memo) == expected
             if known is not None:  # the short way, where it answers, gives the same bytes

@@ -1,4 +1,4 @@
-"""The HTTP endpoints keep one ModelCodec (lookup tables, header and answer memos) per
+"""The HTTP endpoints keep one HttpModelTables (lookup tables, header and answer memos) per
 served model version: the same one for every request to it, a new one for a reloaded
 version, and none that outlives its model."""
 
@@ -9,7 +9,7 @@ import weakref
 from typing import Any
 
 from nereid.config.schema import ModelConfig
-from nereid.http.model_codec import CodecCache
+from nereid.http.infer_memo import HttpTablesCache
 
 
 class Served:
@@ -20,8 +20,8 @@ class Served:
 
 
 def endpoints() -> Any:
-    """What the tests below call ``ep._codec``: the endpoints' CodecCache lookup."""
-    cache = CodecCache()
+    """What the tests below call ``ep._codec``: the endpoints' HttpTablesCache lookup."""
+    cache = HttpTablesCache()
 
     class _Endpoints:
         _codec = staticmethod(cache.get)

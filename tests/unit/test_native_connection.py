@@ -1,5 +1,5 @@
 """The native engine's Connection on a fake transport (tests/unit/native_harness.py): HTTP/1.1
-framing whatever way the bytes are split into reads, and the repeat shortcut (RepeatMatcher)
+framing whatever way the bytes are split into reads, and the repeat shortcut (RepeatedHead)
 answering byte for byte what the parser alone answers, with ShortcutCounters showing
 that the shortcut was taken."""
 

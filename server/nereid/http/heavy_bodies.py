@@ -13,8 +13,8 @@ body, and parsing a large JSON request (orjson holds the GIL for the whole docum
   would not do: the parser never releases the GIL. Requests naming shared memory are parsed on the loop (the regions
   are mapped in this process).
 
-Everything smaller takes the loop's path untouched; ``HeavyBodies.is_heavy`` is the only
-cost it adds there (two comparisons).
+Everything smaller takes the loop's path untouched: the infer endpoint compares the body's
+size with these thresholds (inline, no call) and calls this module only past them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from nereid.config.schema import ModelConfig
 from nereid.errors import InternalError, NereidError
 from nereid.http.compression import decode_body
 from nereid.http.infer_request import parse_infer_body
-from nereid.http.model_codec import ModelCodec
+from nereid.http.infer_memo import HttpModelTables
 from nereid.http.request_json import parse_header_length
 from nereid.inference import InferRequest
 
@@ -50,14 +50,8 @@ class HeavyBodies:
     def __init__(self) -> None:
         self._process: _DecodeProcess | None = None
 
-    @staticmethod
-    def is_heavy(body: bytes, content_encoding: str | None) -> bool:
-        """Whether ``decode`` should take this body (else the loop parses it at once)."""
-        size = len(body)
-        return size > INFLATE_OFF_LOOP_BYTES if content_encoding else size > JSON_OFF_LOOP_BYTES
-
     async def decode(
-        self, body: bytes, content_encoding: str | None, header_length: str | None, codec: ModelCodec,
+        self, body: bytes, content_encoding: str | None, header_length: str | None, tables: HttpModelTables,
         name: str, version: int | None, max_request_size: int, max_json_size: int,
     ) -> InferRequest | bytes:
         """The body inflated (off the loop); then, when its JSON header is heavy and it
@@ -75,7 +69,7 @@ class HeavyBodies:
         if self._process is None:
             self._process = _DecodeProcess()
         outcome = await asyncio.to_thread(
-            self._process.call, (header_length, codec.config, name, version, max_json_size), body
+            self._process.call, (header_length, tables.config, name, version, max_json_size), body
         )
         if isinstance(outcome, InferRequest):
             return outcome
@@ -158,7 +152,7 @@ def _parse(
     """In the decode process: the loop's parser, on its own copy of the body. A refusal
     comes back as (its class, its message)."""
     try:
-        return parse_infer_body(body, header_length, ModelCodec.for_config(config), name, version, max_json_size).request
+        return parse_infer_body(body, header_length, HttpModelTables.for_config(config), name, version, max_json_size).request
     except NereidError as exc:
         return type(exc), exc.message
 

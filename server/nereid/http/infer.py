@@ -4,13 +4,13 @@ Every engine goes through ``InferEndpoint.start``: the native engine calls it fr
 parser with a ``Responder``; the ASGI engines (uvicorn, granian, hypercorn) call it from
 ``asgi`` with a responder that hands the answer back to their coroutine.
 
-    start:   decode the body (compression) -> Repeats.parse, else the full parser
-             (infer_request) and Repeats.learn_request -> ServingModel.submit
+    start:   decode the body (compression) -> InferMemo.parse, else the full parser
+             (infer_request) and InferMemo.learn_request -> ServingModel.submit
              (a heavy body, large compressed or large JSON, is decoded off the loop
              first: heavy_bodies)
     answer:  (called once, on the loop, from the batch that ran it)
-             Repeats.answer, else the full encoder (infer_response) and
-             Repeats.learn_answer -> Responder.reply_repeat / Responder.reply
+             InferMemo.answer, else the full encoder (infer_response) and
+             InferMemo.learn_answer -> Responder.reply_repeat / Responder.reply
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from nereid.errors import InternalError, NereidError, UnsupportedError
 from nereid.http import infer_response
 from nereid.http._asgi import ClientGone, Receive, Scope, Send, error_parts, read_body, send_error
 from nereid.http.compression import decode_body, parse_accept_encoding
-from nereid.http.heavy_bodies import HeavyBodies
+from nereid.http.heavy_bodies import INFLATE_OFF_LOOP_BYTES, JSON_OFF_LOOP_BYTES, HeavyBodies
 from nereid.http.infer_request import ShmResolver, parse_infer_body
-from nereid.http.model_codec import CodecCache, ModelCodec
+from nereid.http.infer_memo import HttpTablesCache, HttpModelTables
 from nereid.inference import InferRequest, InferResult
 from nereid.models.manager import ModelManager, ServingModel, Ticket
 from nereid.options import ServerOptions
@@ -45,7 +45,7 @@ class Responder(Protocol):
         from ``body``) and body."""
 
     def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
-        """A 200 answer made by ``Repeats.answer``: ``headers`` (content-length included)
+        """A 200 answer made by ``InferMemo.answer``: ``headers`` (content-length included)
         are the same object for every answer of its kind, so the engine may remember their
         encoding; the body is ``parts`` joined."""
 
@@ -72,12 +72,12 @@ class InferHeaders:
 
 class InferEndpoint:
     """The infer handler of one server: its model manager, options, shared memory and
-    the per-model codecs (with their repeats memo)."""
+    the per-model tables (with their memo)."""
 
     def __init__(self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager) -> None:
         self.manager = manager
         self.options = options
-        self.codecs = CodecCache()
+        self.model_tables = HttpTablesCache()
         self.heavy = HeavyBodies()
         self._shm = shm
         self._decoding: set[asyncio.Task[None]] = set()
@@ -94,7 +94,8 @@ class InferEndpoint:
         """Parse and queue one infer request now; ``responder`` is called once, on the
         loop, with its answer (at once for a bad request). Returns the ticket to withdraw
         if the client goes away first (None when already answered). Never raises."""
-        if HeavyBodies.is_heavy(body, headers.content_encoding):
+        # a heavy body is decoded off the loop first (heavy_bodies); the size test is inline
+        if len(body) > (INFLATE_OFF_LOOP_BYTES if headers.content_encoding else JSON_OFF_LOOP_BYTES):
             return self._start_heavy(name, version_text, headers, body, received_ns, responder)
         shm = self._shm.lease()  # pins the shared-memory regions this request uses
         try:
@@ -114,22 +115,22 @@ class InferEndpoint:
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any, responder: Responder
     ) -> _InferCall:
         serving = self._serving(name, version_text)
-        codec = self.codecs.get(serving)
+        tables = self.model_tables.get(serving)
         options = self.options
         if headers.content_encoding:
             body = decode_body(body, headers.content_encoding, max_size=options.max_request_size)
-        return self._call(name, serving, codec, headers, body, shm, responder)
+        return self._call(name, serving, tables, headers, body, shm, responder)
 
     def _call(
-        self, name: str, serving: ServingModel, codec: ModelCodec, headers: InferHeaders,
+        self, name: str, serving: ServingModel, tables: HttpModelTables, headers: InferHeaders,
         decoded: bytes | InferRequest, shm: Any, responder: Responder,
     ) -> _InferCall:
         """The request of a decoded body (read here; or already parsed off the loop)."""
         request = decoded if isinstance(decoded, InferRequest) else read_request(
-            decoded, headers.header_length, codec, name, serving.version, self.options.http_max_input_size,
+            decoded, headers.header_length, tables, name, serving.version, self.options.http_max_input_size,
             shm.resolve,
         )
-        return _InferCall(name, serving, request, codec, headers.accept_encoding, shm, responder)
+        return _InferCall(name, serving, request, tables, headers.accept_encoding, shm, responder)
 
     def _start_heavy(
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
@@ -153,14 +154,14 @@ class InferEndpoint:
         shm = self._shm.lease()
         try:
             serving = self._serving(name, version_text)
-            codec = self.codecs.get(serving)
+            tables = self.model_tables.get(serving)
             options = self.options
             decoded = await self.heavy.decode(
-                body, headers.content_encoding, headers.header_length, codec, name, serving.version,
+                body, headers.content_encoding, headers.header_length, tables, name, serving.version,
                 options.max_request_size, options.http_max_input_size,
             )
             del body
-            call = self._call(name, serving, codec, headers, decoded, shm, responder)
+            call = self._call(name, serving, tables, headers, decoded, shm, responder)
             started.ticket = serving.submit(call.request, received_ns, call.answer)
         except asyncio.CancelledError:  # withdrawn: the client went away
             shm.release()
@@ -200,30 +201,30 @@ class InferEndpoint:
 def read_request(
     body: bytes,
     header_length: str | None,
-    codec: ModelCodec,
+    tables: HttpModelTables,
     name: str,
     version: int | None,
     max_json_size: int,
     resolve_shm: ShmResolver | None = None,
 ) -> InferRequest:
     """How every infer body is read: a repeat from its plan, else the full parser, whose
-    result the repeats memo learns from."""
-    repeats = codec.repeats
-    request = repeats.parse(body, header_length, name, version, max_json_size)
+    result the memo learns from."""
+    memo = tables.memo
+    request = memo.parse(body, header_length, name, version, max_json_size)
     if request is None:
-        parsed = parse_infer_body(body, header_length, codec, name, version, max_json_size, resolve_shm)
+        parsed = parse_infer_body(body, header_length, tables, name, version, max_json_size, resolve_shm)
         request = parsed.request
-        repeats.learn_request(body, parsed.json_length, max_json_size, request, parsed.inputs, parsed.prefix)
+        memo.learn_request(body, parsed.json_length, max_json_size, request, parsed.inputs, parsed.prefix)
     return request
 
 
 def encode_answer(
-    codec: ModelCodec, result: InferResult, request: InferRequest, *, labels: Any = None, write_shm: Any = None
+    tables: HttpModelTables, result: InferResult, request: InferRequest, *, labels: Any = None, write_shm: Any = None
 ) -> infer_response.EncodedAnswer:
-    """The full encoder, whose reusable answers the repeats memo learns from."""
-    encoded = infer_response.encode_answer(result, request, codec, labels=labels, write_shm=write_shm)
+    """The full encoder, whose reusable answers the memo learns from."""
+    encoded = infer_response.encode_answer(result, request, tables, labels=labels, write_shm=write_shm)
     if encoded.learnt is not None:
-        codec.repeats.learn_answer(request, result.outputs, result.model_version, encoded.learnt)
+        tables.memo.learn_answer(request, result.outputs, result.model_version, encoded.learnt)
     return encoded
 
 
@@ -245,16 +246,16 @@ def _internal_error(model: str, exc: BaseException) -> InternalError:
 class _InferCall:
     """One parsed infer request on its way through the model; ``answer`` gets its outcome."""
 
-    __slots__ = ("name", "serving", "request", "codec", "accept_encoding", "shm", "responder")
+    __slots__ = ("name", "serving", "request", "tables", "accept_encoding", "shm", "responder")
 
     def __init__(
-        self, name: str, serving: ServingModel, request: InferRequest, codec: ModelCodec, accept_encoding: str | None,
+        self, name: str, serving: ServingModel, request: InferRequest, tables: HttpModelTables, accept_encoding: str | None,
         shm: Any, responder: Responder,
     ) -> None:
         self.name = name
         self.serving = serving
         self.request = request
-        self.codec = codec
+        self.tables = tables
         self.accept_encoding = accept_encoding
         self.shm = shm
         self.responder = responder
@@ -266,7 +267,7 @@ class _InferCall:
         try:
             if error is None:
                 if self.accept_encoding is None or parse_accept_encoding(self.accept_encoding) is None:
-                    repeat = self.codec.repeats.answer(self.request, outputs, self.serving.version)
+                    repeat = self.tables.memo.answer(self.request, outputs, self.serving.version)
                     if repeat is not None:
                         responder.reply_repeat(*repeat)
                         return
@@ -289,7 +290,7 @@ class _InferCall:
         serving = self.serving
         request = self.request
         encoded = encode_answer(
-            self.codec, InferResult(self.name, serving.version, outputs, request.id), request,
+            self.tables, InferResult(self.name, serving.version, outputs, request.id), request,
             labels=serving.labels, write_shm=self.shm.write,
         )
         payload, headers = infer_response.finish(encoded, self.accept_encoding)

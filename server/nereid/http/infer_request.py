@@ -1,5 +1,5 @@
 """An infer request's body (KServe v2 JSON and Triton's binary tensor extension) ->
-``InferRequest``: the full parser, with no memo (repeats.py sits in front of it).
+``InferRequest``: the full parser, with no memo (infer_memo.py sits in front of it).
 
 Owns the request structure (protocol.md §2-§3): the JSON header's ``id``,
 ``parameters``, ``inputs`` (binary blobs, JSON ``data``, shared memory) and ``outputs``,
@@ -20,7 +20,7 @@ from nereid.config.schema import ModelConfig
 from nereid.datatypes import DATATYPES, by_wire_name
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
 from nereid.tensors import wire_inputs
-from nereid.http.model_codec import ModelCodec
+from nereid.http.infer_memo import HttpModelTables
 from nereid.http.request_json import (
     I64_LIMIT,
     NO_MEMBER,
@@ -47,7 +47,7 @@ ShmResolver = Callable[[str, int, int], memoryview]
 
 @dataclasses.dataclass(slots=True)
 class ParsedInfer:
-    """A full parse: the request, and what ``Repeats.learn_request`` plans from (the JSON
+    """A full parse: the request, and what ``InferMemo.learn_request`` plans from (the JSON
     header's length, the inputs as read from the wire, in request order, and the
     request-id prefix of its messages)."""
 
@@ -61,7 +61,7 @@ def parse_infer_request(
     body: bytes,
     header_length: str | None,
     *,
-    config: ModelConfig | ModelCodec,
+    config: ModelConfig | HttpModelTables,
     model_name: str,
     model_version: int | None,
     max_json_size: int = 64 << 20,
@@ -77,13 +77,13 @@ def parse_infer_request(
     Raises only NereidError subclasses: InvalidInputError (400), MalformedRequestError
     (500, JSON/type errors as in Triton), ModelNotFoundError (404, unknown shm region).
     """
-    return parse_infer_body(body, header_length, ModelCodec.of(config), model_name, model_version, max_json_size, resolve_shm).request
+    return parse_infer_body(body, header_length, HttpModelTables.of(config), model_name, model_version, max_json_size, resolve_shm).request
 
 
 def parse_infer_body(
     body: bytes,
     header_length: str | None,
-    spec: ModelCodec,
+    spec: HttpModelTables,
     model_name: str,
     model_version: int | None,
     max_json_size: int,
@@ -298,7 +298,7 @@ def _resolve(resolve_shm: ShmResolver | None, region: str, offset: int, size: in
 
 
 def _parse_outputs(
-    outputs_json: Any, spec: ModelCodec, prefix: str, model_name: str, resolve_shm: ShmResolver | None
+    outputs_json: Any, spec: HttpModelTables, prefix: str, model_name: str, resolve_shm: ShmResolver | None
 ) -> tuple[RequestedOutput, ...]:
     """The request's ``outputs`` list (Triton's output loop and ValidateOutputParameter)."""
     if type(outputs_json) is not list:
@@ -350,7 +350,7 @@ def _parse_outputs(
 
 
 def _requested(
-    cache: dict[tuple[str, bool, int], RequestedOutput], spec: ModelCodec, name: str, binary: bool, classes: int
+    cache: dict[tuple[str, bool, int], RequestedOutput], spec: HttpModelTables, name: str, binary: bool, classes: int
 ) -> RequestedOutput:
     # RequestedOutput is frozen, so one record per (name, binary, classes) can be shared
     # by every request: building a frozen dataclass costs more than the rest of an entry.
@@ -368,7 +368,7 @@ _REQUESTED_CACHE_SIZE = 64
 
 
 def _parse_raw(
-    body: bytes, spec: ModelCodec, model_name: str, model_version: int | None, max_json_size: int
+    body: bytes, spec: HttpModelTables, model_name: str, model_version: int | None, max_json_size: int
 ) -> InferRequest:
     """A raw binary request (§3.4): the whole body is the model's single input."""
     size = len(body)

@@ -3,7 +3,7 @@
 Owns the response side of an infer call (protocol.md §2.5, §3.3, §3.8): output selection
 and encoding (JSON data or binary blobs, classification, shared-memory outputs) and the
 response compression an ``Accept-Encoding`` asks for. The full encoder, with no memo:
-``repeats.py`` sits in front of it and learns from what ``encode_answer`` tells.
+``infer_memo.py`` sits in front of it and learns from what ``encode_answer`` tells.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from nereid.errors import (
 )
 from nereid.tensors import wire_outputs
 from nereid.http.compression import ENCODING_HEADERS, compress, parse_accept_encoding
-from nereid.http.model_codec import ModelCodec
-from nereid.http.repeats import LearntAnswer
+from nereid.http.infer_memo import HttpModelTables
+from nereid.http.infer_memo import LearntAnswer
 from nereid.inference import InferRequest, InferResult, RequestedOutput
 
 __all__ = ["EncodedAnswer", "ShmWriter", "encode_answer", "encode_infer_response", "finish"]
@@ -46,7 +46,7 @@ class EncodedAnswer:
     """An answer as the encoder made it, before compression: the JSON header, its length
     as text, the blobs that follow, and, when this header may serve repeats (every
     output a binary blob of an unconverted numpy array, nothing request-specific), what
-    ``Repeats.learn_answer`` keeps."""
+    ``InferMemo.learn_answer`` keeps."""
 
     header: bytes
     header_length: bytes
@@ -57,7 +57,7 @@ class EncodedAnswer:
 def encode_infer_response(
     result: InferResult,
     request: InferRequest,
-    config: ModelConfig | ModelCodec,
+    config: ModelConfig | HttpModelTables,
     *,
     accept_encoding: str | None = None,
     labels: Mapping[str, Sequence[str]] | None = None,
@@ -78,14 +78,14 @@ def encode_infer_response(
 def encode_answer(
     result: InferResult,
     request: InferRequest,
-    config: ModelConfig | ModelCodec,
+    config: ModelConfig | HttpModelTables,
     *,
     labels: Mapping[str, Sequence[str]] | None = None,
     write_shm: ShmWriter | None = None,
 ) -> EncodedAnswer:
     """``encode_infer_response`` before compression (see EncodedAnswer)."""
     try:
-        return _encode(result, request, ModelCodec.of(config), labels, write_shm)
+        return _encode(result, request, HttpModelTables.of(config), labels, write_shm)
     except NereidError:
         raise
     except Exception as exc:  # last resort: an output the checks above did not foresee
@@ -98,7 +98,7 @@ def encode_answer(
 def _encode(
     result: InferResult,
     request: InferRequest,
-    spec: ModelCodec,
+    spec: HttpModelTables,
     labels: Mapping[str, Sequence[str]] | None,
     write_shm: ShmWriter | None,
 ) -> EncodedAnswer:

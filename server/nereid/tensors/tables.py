@@ -1,6 +1,6 @@
 """ModelTables: one model config's lookup tables for decoding requests and encoding answers,
-made once per served model version and read by every surface (HTTP's ``ModelCodec`` adds
-its repeats memo to them; gRPC reads them as they are).
+made once per served model version and read by every surface (HTTP's ``HttpModelTables`` adds
+its memo to them; gRPC reads them as they are).
 
 Owns the tables only; what they mean is ``request_checks`` (inputs) and the surfaces'
 encoders (outputs).

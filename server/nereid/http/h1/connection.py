@@ -10,7 +10,7 @@ request goes to the ASGI app through ``asgi_bridge`` (the connection is that exc
 ``Responder`` too).
 
 A request that repeats the head of the connection's last plain infer request byte for
-byte is taken without the parser (a repeat: ``RepeatMatcher``); when nothing else is in
+byte is taken without the parser (a repeat: ``RepeatedHead``); when nothing else is in
 flight on the connection it is started at once, without a ``Request`` of its own (a
 direct start). ``ShortcutCounters`` counts both.
 """
@@ -26,8 +26,7 @@ import httptools
 
 from nereid.http.h1.asgi_bridge import AsgiExchange, http_scope
 from nereid.http.h1.heads import response_head
-from nereid.http.h1.repeated_heads import RepeatMatcher
-from nereid.http.h1.request_reader import Request, RequestReader, refusal
+from nereid.http.h1.request_reader import RepeatedHead, Request, RequestReader, refusal
 
 if TYPE_CHECKING:
     from nereid.http.h1.server import NativeServer
@@ -72,7 +71,7 @@ class Connection(asyncio.Protocol):
         self._linger_until: float | None = None
         # repeats: the learnt head, the request it came with and its infer route
         self._learns = server.match_repeats
-        self._repeats: RepeatMatcher | None = None
+        self._repeats: RepeatedHead | None = None
         self._repeated: Request | None = None
         self._repeated_route: tuple[str, str | None] = ("", None)
 
@@ -219,10 +218,10 @@ class Connection(asyncio.Protocol):
     def _learn(self, read: bytes, request: Request) -> None:
         """Learn ``request``'s head for its repeats when ``read`` (one read from a message
         boundary) was exactly that request, a plain keep-alive infer POST
-        (RepeatMatcher.learn says which heads qualify)."""
+        (RepeatedHead.learn says which heads qualify)."""
         if not self._learns or not request.keep_alive or not self._parsing:
             return
-        repeats = RepeatMatcher.learn(read, request.method, request.headers, request.body)
+        repeats = RepeatedHead.learn(read, request.method, request.headers, request.body)
         if repeats is None:
             return
         route = self._server.infer_route(request.url)

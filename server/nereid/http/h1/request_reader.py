@@ -5,11 +5,21 @@ head limits (URL 414; header count and head size 431, an unfinished head's bytes
 included), the body size limit (--max-request-size), the server's body budget (503),
 ``Expect: 100-continue``, and the head and body timers. Complete requests, and the
 refusals of requests that broke a limit, go to its ``Reading`` (the Connection); it
-knows nothing about answering them. Limits and texts: connection_limits.py.
+knows nothing about answering them. Limits and texts: limits.py.
+
+``RepeatedHead`` recognises a request that repeats a connection's last infer request head
+byte for byte, so the connection can take it without the parser. Clients repeat the same
+head: perf_analyzer and tritonclient send the same URL, headers and Content-Length with
+every request of a given shape. The same bytes read from a message boundary parse the
+same way, so a request that starts with a learnt ``head`` is that head followed by
+``length`` body bytes, and the parser (whose Python callbacks cost more than the rest of
+reading the request) need not see it. Pure bytes in, bytes out: what a repeat means
+(which request it repeats, which route it takes) is the connection's business.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
@@ -23,15 +33,15 @@ from nereid.http.h1.heads import CONTINUE
 if TYPE_CHECKING:
     from nereid.http.h1.server import NativeServer
 
-__all__ = ["Answer", "Reading", "Request", "RequestReader", "refusal"]
+__all__ = ["MAX_REPEAT_BODY", "Reading", "RepeatedHead", "Request", "RequestReader", "ResponseParts", "refusal"]
 
 _JSON = (b"content-type", b"application/json")
 
-#: A complete answer: status, headers (content-length added when written), body.
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+#: A complete response: status, headers (content-length added when written), body.
+ResponseParts = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
-def refusal(status: int, message: str) -> Answer:
+def refusal(status: int, message: str) -> ResponseParts:
     """Triton's ``{"error": ...}`` answer with ``status``."""
     return status, [_JSON], error_json(message)
 
@@ -44,7 +54,7 @@ class Request:
 
     def __init__(
         self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
-        keep_alive: bool, http_version: str, refusal: Answer | None,
+        keep_alive: bool, http_version: str, refusal: ResponseParts | None,
         infer_headers: InferHeaders | None = None,
     ) -> None:
         self.method = method
@@ -103,7 +113,7 @@ class RequestReader:
         self._headers: list[tuple[bytes, bytes]] = []
         self._chunks: list[bytes] = []
         self._size = 0
-        self._refusal: Answer | None = None
+        self._refusal: ResponseParts | None = None
         self._header_count = 0
         self._head_size = 0  # bytes of the request line and headers so far
         self._head_bytes = 0  # bytes read since the read that began an unfinished head
@@ -271,7 +281,7 @@ class RequestReader:
         self._budget.held -= size
         self._held -= size
 
-    def _refuse(self, answer: Answer) -> None:
+    def _refuse(self, answer: ResponseParts) -> None:
         """Hand over the request being read as a refusal (``answer``) without reading the
         rest of it: what follows on the socket cannot be framed."""
         self._refusal = answer
@@ -281,3 +291,76 @@ class RequestReader:
         self._reserved = 0
         method = self._parser.get_method() if self.headers_done else b"GET"
         self._reading.take_refusal(Request(method, self._url, self._headers, b"", False, "1.1", answer))
+
+
+#: Bodies up to this size may teach a head (a larger body is rarely repeated at its length).
+MAX_REPEAT_BODY = 64 << 10
+
+#: Headers whose request is never repeated: its framing is not "head, then length bytes".
+_NOT_REPEATABLE = (b"transfer-encoding", b"expect", b"upgrade")
+
+
+class RepeatedHead:
+    """A learnt request head, to recognise the requests that repeat it byte for byte
+    without the parser: ``head`` (request line and headers, up to and including the
+    empty line) and the ``length`` of the body that follows it. ``size`` is one whole
+    repeat, head and body."""
+
+    __slots__ = ("head", "length", "size")
+
+    def __init__(self, head: bytes, length: int) -> None:
+        self.head = head
+        self.length = length
+        self.size = len(head) + length
+
+    @classmethod
+    def learn(
+        cls, read: bytes, method: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes
+    ) -> RepeatedHead | None:
+        """The repeated head of the one request ``read`` held, when ``read`` (one read, starting
+        at a message boundary) was exactly that complete request, as the parser gave it
+        (``method``; ``headers`` with lowercase names; its ``body``), and its repeats can be
+        matched: a POST with one Content-Length that its body fills (at most
+        MAX_REPEAT_BODY bytes), no Transfer-Encoding, Expect or Upgrade. None otherwise."""
+        if method != b"POST" or len(body) > MAX_REPEAT_BODY:
+            return None
+        length = None
+        for name, value in headers:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif name in _NOT_REPEATABLE:
+                return None
+        if length != len(body) or not read.endswith(body):
+            return None
+        head = read[: len(read) - length]
+        # A head ends at its first empty line. If the read held more than this request's
+        # head and body (line breaks after the body, which the parser skips), "the read
+        # minus the body" runs past that line: then nothing is learnt.
+        if head.find(b"\r\n\r\n") != len(head) - 4:
+            return None
+        return cls(head, length)
+
+    def match(self, data: bytes) -> list[bytes]:
+        """The bodies of the complete repeats ``data`` (bytes from a message boundary)
+        begins with, in order; what follows them (``data[len(bodies) * size:]``) is not a
+        repeat, or not a complete one yet. Empty: ``data`` does not begin with a complete
+        repeat (another request, or more bytes needed)."""
+        head = self.head
+        if not data.startswith(head):
+            return []
+        size = self.size
+        end = len(data)
+        if end == size:  # the usual read: exactly one repeat
+            return [data[len(head):]]
+        bodies = []
+        start = len(head)
+        pos = 0
+        while end >= pos + size and data.startswith(head, pos):
+            bodies.append(data[pos + start : pos + size])
+            pos += size
+        return bodies
+
+    def __repr__(self) -> str:
+        return f"RepeatedHead(head={self.head!r}, length={self.length})"

@@ -48,7 +48,7 @@ _MAX_ROUTES = 1024
 class ShortcutCounters:
     """Requests that skipped the usual path, over all of a server's connections."""
 
-    #: requests taken by the RepeatMatcher instead of the parser (answered unless their
+    #: requests taken by the RepeatedHead instead of the parser (answered unless their
     #: connection closes first)
     repeats: int = 0
     #: repeats started at once, nothing else being in flight on their connection
@@ -59,7 +59,7 @@ class NativeServer:
     """Serves a NereidApp on one listening socket until ``shutdown`` is set, then stops
     taking connections, lets requests in flight finish (``graceful_timeout`` seconds at
     most), closes every connection and runs the app's lifespan shutdown.
-    ``match_repeats=False`` sends every request through the parser (no RepeatMatcher).
+    ``match_repeats=False`` sends every request through the parser (no RepeatedHead).
     ``limits`` are what each client may hold (connection_limits), ``budget`` the server-wide
     request bytes (shared with gRPC); ``clock`` is read once
     per sweep into ``now``, the time the connections' timers use."""

@@ -1,9 +1,11 @@
-"""Repeats: the shortcut in front of the infer path for what a steady client sends again.
+"""InferMemo: the memo in front of the infer path for what a steady client sends again,
+and ``HttpModelTables``: one served model version's lookup tables with its memo.
 
 Clients repeat themselves: perf_analyzer and tritonclient send the same JSON header with
 every request of a given shape (only the tensor bytes change), and the answers to them
 have the same JSON header too (only the output bytes change). One served model version
-keeps a ``Repeats`` memo of both:
+keeps an ``InferMemo`` of both (in its ``HttpModelTables``, kept per served model
+version by ``HttpTablesCache`` and dropped with it):
 
 - a request whose JSON header (and body length) was seen twice gets a *plan*: everything
   the full parser decided from it. ``parse`` answers a repeat from its plan (the arrays
@@ -22,17 +24,20 @@ tests check that a repeat's request and answer equal the full path's, byte for b
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from nereid.config.schema import ModelConfig
 from nereid.datatypes import DataType
 from nereid.tensors import wire_inputs
 from nereid.tensors import wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.tensors.tables import ModelTables
 
-__all__ = ["Repeats", "RepeatCounters", "LearntAnswer"]
+__all__ = ["HttpModelTables", "HttpTablesCache", "InferMemo", "LearntAnswer", "MemoCounters"]
 
 #: headers longer than this (JSON data, usually) are parsed every time, not planned.
 _PLAN_MAX_HEADER = 4096
@@ -41,7 +46,7 @@ _CACHE_SIZE = 256
 
 
 @dataclasses.dataclass(slots=True)
-class RepeatCounters:
+class MemoCounters:
     """How often each shortcut was taken (tests assert on these)."""
 
     requests: int = 0  # requests made from a plan
@@ -97,7 +102,7 @@ class _Reply:
     learnt: LearntAnswer
 
 
-class Repeats:
+class InferMemo:
     """The memo of one served model version: request plans and answer headers."""
 
     __slots__ = ("_plans", "_seen", "_replies", "counters")
@@ -106,7 +111,7 @@ class Repeats:
         self._plans: dict[tuple[bytes, int, int], _Plan] = {}
         self._seen: set[tuple[bytes, int, int]] = set()  # headers parsed once, not yet planned
         self._replies: dict[tuple[Any, ...], _Reply] = {}
-        self.counters = RepeatCounters()
+        self.counters = MemoCounters()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -229,3 +234,43 @@ def _reply_key(request: InferRequest, model_version: int, outputs: Mapping[str, 
             return None
         key.append((name, value.dtype, value.shape))
     return tuple(key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HttpModelTables(ModelTables):
+    """What the HTTP infer path needs of one served model version, made once: its lookup
+    tables (ModelTables) and the memo of its repeated requests and answers (``memo``).
+    The parser and encoder take one, or a plain ModelConfig (a fresh one per call)."""
+
+    memo: InferMemo
+
+    @classmethod
+    def for_config(cls, config: ModelConfig) -> HttpModelTables:
+        return cls(**ModelTables.fields_for(config), memo=InferMemo())  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, config: ModelConfig | HttpModelTables) -> HttpModelTables:
+        """``config`` itself when it is an HttpModelTables, else a fresh one."""
+        return config if isinstance(config, HttpModelTables) else cls.for_config(config)
+
+
+class HttpTablesCache:
+    """One HttpModelTables per served model version (any object that has a ``config``),
+    held weakly: an unloaded model's tables go with it. The one asked for last is found
+    through one weak reference (most requests ask for the same model as the last one)."""
+
+    __slots__ = ("_tables", "_last")
+
+    def __init__(self) -> None:
+        self._tables: weakref.WeakKeyDictionary[Any, HttpModelTables] = weakref.WeakKeyDictionary()
+        self._last: tuple[weakref.ref[Any], HttpModelTables] | None = None
+
+    def get(self, serving: Any) -> HttpModelTables:
+        last = self._last
+        if last is not None and last[0]() is serving:
+            return last[1]
+        found = self._tables.get(serving)
+        if found is None:
+            found = self._tables[serving] = HttpModelTables.for_config(serving.config)
+        self._last = (weakref.ref(serving), found)
+        return found

@@ -1,4 +1,4 @@
-"""RepeatMatcher, the pure byte matcher of repeated request heads: which reads teach a
+"""RepeatedHead, the pure byte matcher of repeated request heads: which reads teach a
 head, and what a read that starts with repeats is cut into."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereid.http.h1.repeated_heads import MAX_REPEAT_BODY, RepeatMatcher
+from nereid.http.h1.request_reader import MAX_REPEAT_BODY, RepeatedHead
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"
 HEADERS = [(b"host", b"x"), (b"content-length", b"5")]
 
 
-def learnt() -> RepeatMatcher:
-    matcher = RepeatMatcher.learn(HEAD + b"hello", b"POST", HEADERS, b"hello")
+def learnt() -> RepeatedHead:
+    matcher = RepeatedHead.learn(HEAD + b"hello", b"POST", HEADERS, b"hello")
     assert matcher is not None
     return matcher
 
@@ -38,23 +38,23 @@ def test_a_read_of_exactly_one_content_length_post_teaches_its_head() -> None:
     pytest.param(b"\r\n\r\n" + HEAD + b"hello", b"POST", HEADERS, b"hello", id="empty line before the head's end"),
 ])
 def test_reads_that_teach_nothing(read: bytes, method: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    assert RepeatMatcher.learn(read, method, headers, body) is None
+    assert RepeatedHead.learn(read, method, headers, body) is None
 
 
 def test_line_breaks_after_a_body_do_not_teach_a_head_cut_in_the_body() -> None:
     # body "\r\n\r\n" and a stray line break after it: "the read minus the body" would be
     # the head plus two bytes of the body.
     head = HEAD.replace(b"5", b"4")
-    assert RepeatMatcher.learn(head + b"\r\n\r\n\r\n", b"POST", [(b"content-length", b"4")], b"\r\n\r\n") is None
+    assert RepeatedHead.learn(head + b"\r\n\r\n\r\n", b"POST", [(b"content-length", b"4")], b"\r\n\r\n") is None
 
 
 def test_a_large_body_teaches_nothing() -> None:
     body = bytes(MAX_REPEAT_BODY + 1)
     head = b"POST /i HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
-    assert RepeatMatcher.learn(head + body, b"POST", [(b"content-length", b"%d" % len(body))], body) is None
+    assert RepeatedHead.learn(head + body, b"POST", [(b"content-length", b"%d" % len(body))], body) is None
     fits = body[:-1]
     head = b"POST /i HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fits)
-    assert RepeatMatcher.learn(head + fits, b"POST", [(b"content-length", b"%d" % len(fits))], fits) is not None
+    assert RepeatedHead.learn(head + fits, b"POST", [(b"content-length", b"%d" % len(fits))], fits) is not None
 
 
 @pytest.mark.parametrize("data, bodies", [
