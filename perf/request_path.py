@@ -1,7 +1,8 @@
 """Which of nereid's modules one infer request crosses, over HTTP and over gRPC.
 
 Starts the server in this process (native engines, the example repository's ``add_one``
-model, one thread instance), sends a few warm-up requests, then records every function
+model, one thread instance), and for each path (HTTP with binary tensors, HTTP with JSON
+tensors, gRPC) sends a few warm-up requests, then records every function
 call made in a ``server/nereid`` module (all threads) while one more request is answered,
 and prints the modules and packages it crossed. ``--json`` prints the same as JSON (the
 unit test ``tests/unit/test_request_path.py`` reads it).
@@ -82,9 +83,15 @@ def measure() -> dict[str, Any]:
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         _wait_ready(http)
-        for name, client, module in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
+        # "http": binary tensors, the memo's path once warm; "http_json": JSON tensors,
+        # which the memo never plans (the full parser and encoder every time)
+        paths = (("http", http, httpclient, True), ("http_json", http, httpclient, False), ("grpc", grpc, grpcclient, True))
+        for name, client, module, binary in paths:
             tensor = module.InferInput("INPUT0", [1, 1], "INT64")
-            tensor.set_data_from_numpy(np.array([[41]], np.int64))
+            if binary:
+                tensor.set_data_from_numpy(np.array([[41]], np.int64))
+            else:
+                tensor.set_data_from_numpy(np.array([[41]], np.int64), binary_data=False)
             for _ in range(5):
                 client.infer("add_one", [tensor])
             recorder.modules = set()

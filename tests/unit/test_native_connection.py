@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from nereid.http.app import NereidApp
 from nereid.http.h1.server import NativeServer, ShortcutCounters
-from nereid.http.h1.connection import MAX_PIPELINED
+from nereid.http.h1.connection import LINGER_S, MAX_PIPELINED, TRANSITIONS, ConnectionState
 from tests.unit.native_harness import NativeHarness, StubEndpoints, get, infer, responses, split_at, stub_asgi
 
 T = TypeVar("T")
@@ -388,3 +388,101 @@ def test_over_a_socket_repeats_written_one_at_a_time_take_the_shortcut() -> None
             listener.close()
 
     run(check)
+
+
+# -- the connection's life: ConnectionState and its TRANSITIONS -------------------------------
+
+
+def test_a_connection_stays_open_while_it_answers_keep_alive_requests() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness()
+        assert harness.connection.state is ConnectionState.OPEN
+        harness.feed(REPEAT, get())
+        await harness.settle()
+        assert [status for status, _, _ in responses(harness.written)] == [200, 200]
+        assert harness.connection.state is ConnectionState.OPEN and not harness.transport.closed
+
+    run(scenario)
+
+
+def test_connection_close_lingers_after_the_answer_then_closes_after_linger_s() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(eof_capable=True)
+        harness.feed(get(extra=b"Connection: close\r\n"))
+        await harness.settle()
+        assert harness.connection.state is ConnectionState.LINGERING
+        assert harness.transport.eof_written and not harness.transport.closed
+        harness.feed(b"what the client still sends is dropped")
+        assert len(responses(harness.written)) == 1
+        harness.advance(LINGER_S + 1)
+        assert harness.connection.state is ConnectionState.CLOSED and harness.transport.closed
+
+    run(scenario)
+
+
+def test_a_transport_without_half_close_closes_at_once() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(eof_capable=False)
+        harness.feed(get(extra=b"Connection: close\r\n"))
+        await harness.settle()
+        assert harness.connection.state is ConnectionState.CLOSED and harness.transport.closed
+
+    run(scenario)
+
+
+def test_a_parse_error_behind_a_waiting_request_answers_both_then_closes() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(eof_capable=True)
+        harness.feed(infer(body("later")), b"NOT HTTP AT ALL\r\n\r\n")
+        assert harness.connection.state is ConnectionState.LAST_REQUEST
+        await harness.settle()
+        assert [status for status, _, _ in responses(harness.written)] == [200, 400]
+        assert harness.connection.state is ConnectionState.LINGERING
+
+    run(scenario)
+
+
+def test_a_refused_request_stops_reading_and_closes_after_its_answer() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(max_url_size=64)
+        harness.feed(infer(body("later")), get(b"/" + b"x" * 100), get())
+        assert harness.connection.state is ConnectionState.LAST_REQUEST
+        await harness.settle()
+        assert [status for status, _, _ in responses(harness.written)] == [200, 414]  # the GET after it: not read
+        assert harness.connection.state is ConnectionState.CLOSED
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("eof_capable", [True, False], ids=["from lingering", "from open"])
+def test_the_client_going_away_closes_the_connection(eof_capable: bool) -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(eof_capable=eof_capable)
+        if eof_capable:
+            harness.feed(get(extra=b"Connection: close\r\n"))
+            await harness.settle()
+            assert harness.connection.state is ConnectionState.LINGERING
+        harness.lose()
+        assert harness.connection.state is ConnectionState.CLOSED
+        harness.lose()  # a second connection_lost is harmless
+        assert harness.connection.state is ConnectionState.CLOSED
+
+    run(scenario)
+
+
+def test_a_connection_past_max_connections_is_refused_and_closed_at_once() -> None:
+    async def scenario() -> None:
+        harness = NativeHarness(max_connections=0)
+        assert [status for status, _, _ in responses(harness.written)] == [503]
+        assert harness.connection.state is ConnectionState.CLOSED and harness.transport.closed
+
+    run(scenario)
+
+
+def test_the_transition_table_never_leads_back_to_reading_and_every_state_can_close() -> None:
+    assert set(TRANSITIONS) == set(ConnectionState)
+    for state, reachable in TRANSITIONS.items():
+        assert ConnectionState.CLOSED in reachable, state
+        assert ConnectionState.OPEN not in reachable, state
+    assert TRANSITIONS[ConnectionState.LINGERING] == {ConnectionState.CLOSED}
+    assert TRANSITIONS[ConnectionState.CLOSED] == {ConnectionState.CLOSED}

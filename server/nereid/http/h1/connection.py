@@ -13,12 +13,19 @@ A request that repeats the head of the connection's last plain infer request byt
 byte is taken without the parser (a repeat: ``RepeatedHead``); when nothing else is in
 flight on the connection it is started at once, without a ``Request`` of its own (a
 direct start). ``ShortcutCounters`` counts both.
+
+Its life is a ``ConnectionState`` (the moves it may make: ``TRANSITIONS``): OPEN while it
+reads requests; LAST_REQUEST once reading stopped (a parse error, an upgrade, a refused
+request), answering what was read before closing; LINGERING after our FIN; CLOSED. Apart
+from it, two back-pressure signals: reading paused by us (MAX_PIPELINED requests wait)
+and writing paused by the transport (the client does not read its answers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,13 +38,40 @@ from nereid.http.h1.request_reader import RepeatedHead, Request, RequestReader, 
 if TYPE_CHECKING:
     from nereid.http.h1.server import NativeServer
 
-__all__ = ["Connection", "MAX_PIPELINED"]
+__all__ = ["Connection", "ConnectionState", "MAX_PIPELINED", "TRANSITIONS"]
 
 #: Complete requests a connection may hold unanswered (pipelining) before it stops reading.
 MAX_PIPELINED = 16
 #: How long a closing connection reads and drops what its client still sends (close()).
 LINGER_S = 2.0
 _BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
+
+
+class ConnectionState(enum.Enum):
+    """Where one HTTP/1.1 connection is in its life."""
+
+    OPEN = "reading requests and answering them in order"
+    LAST_REQUEST = "reading stopped (parse error, upgrade, refused request): answering what was read, then closing"
+    LINGERING = "closed by us: FIN sent, what the client still sends is read and dropped until it closes"
+    CLOSED = "gone: nothing more is read, started or written"
+
+
+_OPEN = ConnectionState.OPEN
+_LAST_REQUEST = ConnectionState.LAST_REQUEST
+_LINGERING = ConnectionState.LINGERING
+_CLOSED = ConnectionState.CLOSED
+#: the states in which requests are still answered (tuples: the hot path tests membership)
+_ANSWERING = (_OPEN, _LAST_REQUEST)
+_GONE = (_LINGERING, _CLOSED)
+
+#: The moves a connection may make (staying CLOSED or LAST_REQUEST is allowed: a second
+#: connection_lost, a second refusal). Anything else is a bug, raised at once.
+TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
+    _OPEN: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
+    _LAST_REQUEST: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
+    _LINGERING: frozenset({_CLOSED}),
+    _CLOSED: frozenset({_CLOSED}),
+}
 
 
 class Connection(asyncio.Protocol):
@@ -57,20 +91,21 @@ class Connection(asyncio.Protocol):
         self._ticket: Any = None  # the active infer request's ticket (to withdraw on disconnect)
         self._exchange: AsgiExchange | None = None
         self._head = b""  # a streamed response's head, sent with its first part
-        self._chunked = False
-        self._gone = False
-        self._in_next = False
-        self._reading = True
-        self._parsing = True  # False after a parse error, an upgrade, a refused request or a close
+        self._chunked = False  # the streamed response's framing: chunked, or Content-Length
+        self._state = _OPEN
+        self._in_next = False  # _next is looping (a re-entrancy guard, not connection state)
+        # back-pressure, apart from the state: we paused reading (MAX_PIPELINED wait);
+        # the transport paused writing (the client does not read its answers)
+        self._reading_paused = False
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         # timers (NativeServer.now's coarse clock): idle since, not read from since
         self._idle_since = server.now
         self._paused_since = 0.0
-        #: while lingering after close(): when to stop waiting for the client's FIN
-        self._linger_until: float | None = None
+        #: while LINGERING: when to stop waiting for the client's FIN
+        self._linger_until = 0.0
         # repeats: the learnt head, the request it came with and its infer route
-        self._learns = server.match_repeats
+        self._learns_heads = server.match_repeats
         self._repeats: RepeatedHead | None = None
         self._repeated: Request | None = None
         self._repeated_route: tuple[str, str | None] = ("", None)
@@ -85,8 +120,7 @@ class Connection(asyncio.Protocol):
             status, headers, body = refusal(503, self._limits.too_many_connections())
             head, _ = response_head(status, headers, len(body), True)
             transport.write(b"".join([*head, body]))
-            self._gone = True
-            self._parsing = False
+            self._enter(_CLOSED)
             transport.close()
             return
         self._reader = RequestReader(self, server, transport)
@@ -96,8 +130,7 @@ class Connection(asyncio.Protocol):
         """Withdraw what is in flight and let go of every buffer now (the reader's parser
         refers back to it: without this a closed connection's request bodies would wait
         for Python's cyclic garbage collector)."""
-        self._gone = True
-        self._parsing = False
+        self._enter(_CLOSED)
         self._server.connections.discard(self)
         if self._ticket is not None:
             self._ticket.withdraw()
@@ -116,7 +149,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Take the repeats a read starts with (when it starts at a message boundary), give
         the rest to the parser, and learn the head of a read that was one whole request."""
-        if not self._parsing:
+        if self._state is not _OPEN:
             return
         repeats = self._repeats
         reader = self._reader
@@ -127,7 +160,7 @@ class Connection(asyncio.Protocol):
                 assert request is not None
                 direct = 0
                 for body in bodies:
-                    if not self._parsing:
+                    if self._state is not _OPEN:
                         break
                     if self._active is None and not self._queue and not self._write_paused:
                         # Nothing before it: start it now, with no Request of its own. The
@@ -143,7 +176,7 @@ class Connection(asyncio.Protocol):
                 shortcuts.repeats += len(bodies)
                 shortcuts.direct_starts += direct
                 taken = len(bodies) * repeats.size
-                if taken == len(data) or not self._parsing:
+                if taken == len(data) or self._state is not _OPEN:
                     return
                 data = data[taken:]
         try:
@@ -153,12 +186,12 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # nereid speaks HTTP/1.1 only: answer the request as is, then close (what
             # follows on the socket would be the other protocol).
-            self._parsing = False
+            self._enter(_LAST_REQUEST)
             if self._queue:
                 self._queue[-1].keep_alive = False
             self._next()
         except httptools.HttpParserError:
-            self._parsing = False
+            self._enter(_LAST_REQUEST)
             self._queue.append(Request(b"", b"", [], b"", False, "1.1", None))
             self._next()
 
@@ -179,9 +212,10 @@ class Connection(asyncio.Protocol):
         """Called by the server's sweep: close (with 408 where an answer can be given) a
         connection whose head, body or reading of answers stalled past its limit, or
         that stayed idle past the keep-alive timeout."""
-        if self._gone:
-            if self._linger_until is not None and now >= self._linger_until:
-                self._linger_until = None
+        state = self._state
+        if state is not _OPEN and state is not _LAST_REQUEST:
+            if state is _LINGERING and now >= self._linger_until:
+                self._enter(_CLOSED)
                 self._transport.close()
             return
         limits = self._limits
@@ -201,25 +235,26 @@ class Connection(asyncio.Protocol):
         self._queue.append(request)
         if self._active is None and not self._write_paused:
             self._next()
-        elif len(self._queue) >= MAX_PIPELINED and self._reading:
-            self._reading = False
+        elif len(self._queue) >= MAX_PIPELINED and not self._reading_paused:
+            self._reading_paused = True
             self._transport.pause_reading()
 
     def take_refusal(self, request: Request) -> None:
         """Answer a request that broke a limit (in its turn), then close: nothing more is read."""
-        self._parsing = False
+        if self._state is _OPEN:
+            self._enter(_LAST_REQUEST)
         self._queue.append(request)
         if self._active is None:
             self._next()
 
     def may_continue(self) -> bool:
-        return self._active is None and not self._queue and not self._gone
+        return self._active is None and not self._queue and self._state in _ANSWERING
 
     def _learn(self, read: bytes, request: Request) -> None:
         """Learn ``request``'s head for its repeats when ``read`` (one read from a message
         boundary) was exactly that request, a plain keep-alive infer POST
         (RepeatedHead.learn says which heads qualify)."""
-        if not self._learns or not request.keep_alive or not self._parsing:
+        if not self._learns_heads or not request.keep_alive or self._state is not _OPEN:
             return
         repeats = RepeatedHead.learn(read, request.method, request.headers, request.body)
         if repeats is None:
@@ -245,15 +280,16 @@ class Connection(asyncio.Protocol):
             return  # an outer call is looping: it picks up the next request
         self._in_next = True
         try:
-            while self._active is None and self._queue and not self._gone and not self._write_paused:
+            while self._active is None and self._queue and self._state in _ANSWERING and not self._write_paused:
                 self._start(self._queue.popleft())
         finally:
             self._in_next = False
-        if self._active is None and not self._queue and not self._gone:
-            if not self._parsing:
+        if self._active is None and not self._queue:
+            state = self._state
+            if state is _LAST_REQUEST:
                 self.close()
-            elif not self._reading:
-                self._reading = True
+            elif state is _OPEN and self._reading_paused:
+                self._reading_paused = False
                 self._transport.resume_reading()
 
     def _start(self, request: Request) -> None:
@@ -295,7 +331,7 @@ class Connection(asyncio.Protocol):
         """A 200 answer whose ``headers`` are one object per kind of answer
         (Responder.reply_repeat): their head is encoded once per server, then reused."""
         self._ticket = None
-        if self._gone:
+        if self._state in _GONE:
             return
         request = self._active
         assert request is not None
@@ -311,7 +347,7 @@ class Connection(asyncio.Protocol):
     def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """Write a complete response to the active request and go on with the next one."""
         self._ticket = None
-        if self._gone:
+        if self._state in _GONE:
             return
         request = self._active
         assert request is not None
@@ -332,7 +368,7 @@ class Connection(asyncio.Protocol):
     def send_body(self, body: bytes, more: bool) -> None:
         """One part of a response begun with ``start_response``; the last one
         (``more=False``) ends it and goes on with the next request."""
-        if self._gone:
+        if self._state in _GONE:
             return
         out = [self._head] if self._head else []
         self._head = b""
@@ -359,7 +395,17 @@ class Connection(asyncio.Protocol):
 
     @property
     def gone(self) -> bool:
-        return self._gone
+        return self._state in _GONE
+
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    def _enter(self, state: ConnectionState) -> None:
+        """Move to ``state``; a move TRANSITIONS does not list is a bug."""
+        if state not in TRANSITIONS[self._state]:
+            raise RuntimeError(f"HTTP/1.1 connection: no transition from {self._state.name} to {state.name}")
+        self._state = state
 
     def _done(self) -> None:
         request = self._active
@@ -376,7 +422,7 @@ class Connection(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Wait while the client does not read (flow control for streamed responses)."""
-        if self._write_paused and not self._gone:
+        if self._write_paused and self._state in _ANSWERING:
             self._drain = self._loop.create_future()
             await self._drain
 
@@ -391,21 +437,22 @@ class Connection(asyncio.Protocol):
         closes too (or LINGER_S pass): closing with its data unread would make the kernel
         reset the connection, and a client still sending (a refused 70 KB URL, a body
         past the limit) would get the reset instead of the answer."""
-        if not self._gone:
-            self._gone = True
-            self._parsing = False
+        if self._state in _ANSWERING:
             self._queue.clear()
             transport = self._transport
             if self._server.closing or not transport.can_write_eof():
+                self._enter(_CLOSED)
                 transport.close()
                 return
             transport.write_eof()
             self._linger_until = self._server.now + LINGER_S
+            self._enter(_LINGERING)
 
     def force_close(self) -> None:
         """Close now, lingering or not (shutdown)."""
         self.close()
-        self._linger_until = None
+        if self._state is _LINGERING:
+            self._enter(_CLOSED)
         self._transport.close()
 
     def eof_received(self) -> bool:
