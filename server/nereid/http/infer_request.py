@@ -17,7 +17,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from nereid.config.schema import ModelConfig
-from nereid.datatypes import DATATYPES, by_wire_name
+from nereid.datatypes import DATATYPES, DataType, by_wire_name
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
 from nereid.tensors import wire_inputs
 from nereid.http.infer_memo import HttpModelTables
@@ -95,65 +95,16 @@ def parse_infer_body(
         json_length = total if header_length is None else parse_header_length(header_length, total)
         if json_length == 0:
             return ParsedInfer(_parse_raw(body, spec, model_name, model_version, max_json_size), 0, {}, "")
-        if json_length > max_json_size:
-            raise InvalidInputError(
-                f"request JSON size of {json_length} bytes exceeds the maximum allowed input size of "
-                f"{max_json_size} bytes. Use --http-max-input-size to increase the limit."
-            )
-        root = load_json(body, json_length)
-        if not isinstance(root, dict):
-            root = {}  # TritonJson: a non-object has no members, so 'inputs' is "non-existing"
-
+        root = _json_root(body, json_length, max_json_size)
         request_id = root.get("id", "")
         if type(request_id) is not str:
             raise MalformedRequestError("Unable to parse 'id': " + NOT_STRING)
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
-
-        params = root.get("parameters")
-        priority = 0
-        timeout_us: int | None = None
-        binary_data_output = False
         custom: dict[str, ParameterValue] = {}
-        if params is not None:
-            if type(params) is not dict:
-                raise MalformedRequestError("failed to get request params.: attempt to get members for non-object")
-            if params:
-                priority, timeout_us, binary_data_output = request_parameters(params, custom)
-
-        inputs_json = root.get("inputs")
-        if type(inputs_json) is not list:
-            detail = NO_MEMBER.format("inputs") if inputs_json is None and "inputs" not in root else NOT_ARRAY
-            raise MalformedRequestError("Unable to parse 'inputs': " + detail)
-
-        parsed: dict[str, wire_inputs.WireInput] = {}
-        offset = json_length
-        for entry in inputs_json:
-            item = _parse_input(entry, body, offset, parsed, model_name, max_json_size, prefix, resolve_shm)
-            parsed[item.name] = item
-            if item.source == wire_inputs.BINARY:
-                offset += item.size
-        if offset != total:
-            raise InvalidInputError(f"unexpected additional input data for model '{model_name}'", model=model_name)
-
-        outputs: tuple[RequestedOutput, ...] | None = None
-        if "outputs" in root:
-            outputs = _parse_outputs(root["outputs"], spec, prefix, model_name, resolve_shm)
-            for out in outputs:
-                if out.name not in spec.outputs:
-                    # Triton checks the requested names in sorted order: report the first.
-                    name = min(o.name for o in outputs if o.name not in spec.outputs)
-                    raise InvalidInputError(
-                        f"unexpected inference output '{name}' for model '{model_name}'", model=model_name
-                    )
-
-        rules = spec.rules
-        names, rows = rules.check_request(parsed, model_name, prefix)
-        checked: dict[str, NDArray[Any]] = {}
-        for name in names:  # each checked, then decoded, in Triton's order
-            item = parsed[name]
-            rules.check_input(name, item, model_name, prefix)
-            checked[name] = wire_inputs.to_array(item, model_name, prefix)
-        arrays = checked if len(names) == 1 else {name: checked[name] for name in parsed}
+        priority, timeout_us, binary_data_output = _request_parameters(root, custom)
+        parsed = _parse_inputs(root, body, json_length, model_name, max_json_size, prefix, resolve_shm)
+        outputs = _requested_outputs(root, spec, prefix, model_name, resolve_shm)
+        arrays, rows = _checked_arrays(parsed, spec, model_name, prefix)
         request = InferRequest(
             model_name=model_name,
             inputs=arrays,
@@ -174,6 +125,80 @@ def parse_infer_body(
             f"failed to parse the inference request for model '{model_name}': "
             f"unexpected {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _json_root(body: bytes, json_length: int, max_json_size: int) -> dict[str, Any]:
+    """The JSON header's object (an empty one for any other JSON value, as TritonJson reads it)."""
+    if json_length > max_json_size:
+        raise InvalidInputError(
+            f"request JSON size of {json_length} bytes exceeds the maximum allowed input size of "
+            f"{max_json_size} bytes. Use --http-max-input-size to increase the limit."
+        )
+    root = load_json(body, json_length)
+    return root if isinstance(root, dict) else {}  # a non-object has no members: 'inputs' is "non-existing"
+
+
+def _request_parameters(root: dict[str, Any], custom: dict[str, ParameterValue]) -> tuple[int, int | None, bool]:
+    """The request's ``parameters``: (priority, timeout_us, binary_data_output); the
+    others go into ``custom``."""
+    params = root.get("parameters")
+    if params is None:
+        return 0, None, False
+    if type(params) is not dict:
+        raise MalformedRequestError("failed to get request params.: attempt to get members for non-object")
+    return request_parameters(params, custom) if params else (0, None, False)
+
+
+def _parse_inputs(
+    root: dict[str, Any], body: bytes, json_length: int, model_name: str, max_json_size: int, prefix: str,
+    resolve_shm: ShmResolver | None,
+) -> dict[str, wire_inputs.WireInput]:
+    """The ``inputs`` as read from the wire, in request order; their blobs must fill the body."""
+    inputs_json = root.get("inputs")
+    if type(inputs_json) is not list:
+        detail = NO_MEMBER.format("inputs") if inputs_json is None and "inputs" not in root else NOT_ARRAY
+        raise MalformedRequestError("Unable to parse 'inputs': " + detail)
+    parsed: dict[str, wire_inputs.WireInput] = {}
+    offset = json_length
+    for entry in inputs_json:
+        item = _parse_input(entry, body, offset, parsed, model_name, max_json_size, prefix, resolve_shm)
+        parsed[item.name] = item
+        if item.source == wire_inputs.BINARY:
+            offset += item.size
+    if offset != len(body):
+        raise InvalidInputError(f"unexpected additional input data for model '{model_name}'", model=model_name)
+    return parsed
+
+
+def _requested_outputs(
+    root: dict[str, Any], spec: HttpModelTables, prefix: str, model_name: str, resolve_shm: ShmResolver | None
+) -> tuple[RequestedOutput, ...] | None:
+    """The ``outputs`` the request lists (None when it lists none), each one the model's."""
+    if "outputs" not in root:
+        return None
+    outputs = _parse_outputs(root["outputs"], spec, prefix, model_name, resolve_shm)
+    unknown = [out.name for out in outputs if out.name not in spec.outputs]
+    if unknown:
+        # Triton checks the requested names in sorted order: report the first.
+        raise InvalidInputError(
+            f"unexpected inference output '{min(unknown)}' for model '{model_name}'", model=model_name
+        )
+    return outputs
+
+
+def _checked_arrays(
+    parsed: dict[str, wire_inputs.WireInput], spec: HttpModelTables, model_name: str, prefix: str
+) -> tuple[dict[str, NDArray[Any]], int]:
+    """The inputs checked against the config and decoded, each in Triton's order (the
+    arrays in request order), and the request's rows."""
+    rules = spec.rules
+    names, rows = rules.check_request(parsed, model_name, prefix)
+    checked: dict[str, NDArray[Any]] = {}
+    for name in names:  # each checked, then decoded, in Triton's order
+        item = parsed[name]
+        rules.check_input(name, item, model_name, prefix)
+        checked[name] = wire_inputs.to_array(item, model_name, prefix)
+    return (checked if len(names) == 1 else {name: checked[name] for name in parsed}), rows
 
 
 def _parse_input(
@@ -203,6 +228,29 @@ def _parse_input(
     wire = entry.get("datatype")
     if not isinstance(wire, str):
         wire = member_str(entry, "datatype")
+    shape, wide = _input_shape(entry)
+    if name in parsed:
+        raise InvalidInputError(
+            f"{prefix}input '{name}' already exists in request", model=model_name, input=name
+        )
+    dt = _input_datatype(wire, shape, wide, name, model_name)
+    if has_binary:
+        assert params is not None
+        return _binary_input(params, body, offset, name, dt, shape, wide, model_name)
+    if has_shm:
+        assert params is not None
+        region = params["shared_memory_region"]
+        if type(region) is not str:
+            raise MalformedRequestError("Unable to parse 'shared_memory_region': " + NOT_STRING)
+        shm_offset, shm_size = _shm_numbers(params)
+        view = _resolve(resolve_shm, region, shm_offset, shm_size)
+        return wire_inputs.WireInput(name, dt, shape, wire_inputs.SHM, view, 0, view.nbytes, wide)
+    return wire_inputs.json_input(entry, name, dt, shape, model_name, max_json_size, wide)
+
+
+def _input_shape(entry: dict[str, Any]) -> tuple[tuple[int, ...], bool]:
+    """An input's ``shape``, and whether a dim is 2**63 or more (Triton keeps dims as
+    int64: such uints read back negative)."""
     shape_json = entry.get("shape")
     if type(shape_json) is not list:
         detail = NO_MEMBER.format("shape") if "shape" not in entry else NOT_ARRAY
@@ -215,12 +263,12 @@ def _parse_input(
             if dim >= U64_LIMIT:
                 raise MalformedRequestError("Unable to parse 'shape': " + NOT_UINT)
             wide = True
-    # Triton keeps dims as int64: uints of 2**63 and more read back negative.
     shape = tuple(d if d < I64_LIMIT else d - U64_LIMIT for d in shape_json) if wide else tuple(shape_json)
-    if name in parsed:
-        raise InvalidInputError(
-            f"{prefix}input '{name}' already exists in request", model=model_name, input=name
-        )
+    return shape, wide
+
+
+def _input_datatype(wire: str, shape: tuple[int, ...], wide: bool, name: str, model_name: str) -> DataType:
+    """The DataType of an input's ``datatype`` name."""
     dt = by_wire_name(wire)
     if dt is not None and not wide and 0 in shape:
         # An empty tensor skips every size check below, yet numpy must still represent it.
@@ -232,32 +280,26 @@ def _parse_input(
             model=model_name,
             input=name,
         )
+    return dt
 
-    if has_binary:
-        assert params is not None
-        size = params["binary_data_size"]
-        if type(size) is not int or not 0 <= size < U64_LIMIT:
-            raise MalformedRequestError("Unable to parse 'binary_data_size': " + NOT_UINT)
-        available = len(body) - offset
-        if size > available:
-            raise InvalidInputError(
-                f"unexpected size for input '{name}', expecting {size - available} additional bytes "
-                f"for model '{model_name}'",
-                model=model_name,
-                input=name,
-            )
-        return wire_inputs.WireInput(name, dt, shape, wire_inputs.BINARY, body, offset, size, wide)
 
-    if has_shm:
-        assert params is not None
-        region = params["shared_memory_region"]
-        if type(region) is not str:
-            raise MalformedRequestError("Unable to parse 'shared_memory_region': " + NOT_STRING)
-        shm_offset, shm_size = _shm_numbers(params)
-        view = _resolve(resolve_shm, region, shm_offset, shm_size)
-        return wire_inputs.WireInput(name, dt, shape, wire_inputs.SHM, view, 0, view.nbytes, wide)
-
-    return wire_inputs.json_input(entry, name, dt, shape, model_name, max_json_size, wide)
+def _binary_input(
+    params: dict[str, Any], body: bytes, offset: int, name: str, dt: DataType, shape: tuple[int, ...], wide: bool,
+    model_name: str,
+) -> wire_inputs.WireInput:
+    """An input whose bytes follow the JSON header (``binary_data_size`` of them, at ``offset``)."""
+    size = params["binary_data_size"]
+    if type(size) is not int or not 0 <= size < U64_LIMIT:
+        raise MalformedRequestError("Unable to parse 'binary_data_size': " + NOT_UINT)
+    available = len(body) - offset
+    if size > available:
+        raise InvalidInputError(
+            f"unexpected size for input '{name}', expecting {size - available} additional bytes "
+            f"for model '{model_name}'",
+            model=model_name,
+            input=name,
+        )
+    return wire_inputs.WireInput(name, dt, shape, wire_inputs.BINARY, body, offset, size, wide)
 
 
 def _content_type_error(has_data: bool, has_binary: bool, has_shm: bool) -> str:

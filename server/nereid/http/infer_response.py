@@ -102,29 +102,11 @@ def _encode(
     labels: Mapping[str, Sequence[str]] | None,
     write_shm: ShmWriter | None,
 ) -> EncodedAnswer:
+    """Each output the request wants, in the model's order, into the answer being built."""
     model_name = request.model_name
-    produced = result.outputs
-    response_id = request.id or result.id
-    wanted: dict[str, RequestedOutput] | None = None
-    if request.outputs is not None:
-        wanted = {out.name: out for out in request.outputs}
-        if any(name not in produced for name in wanted):
-            missing = [name for name in wanted if name not in produced]
-            raise ModelExecutionError(
-                f"model '{model_name}' did not produce the requested output(s) {', '.join(map(repr, missing))}",
-                model=model_name,
-            )
-
-    entries: list[dict[str, Any]] = []
-    raw_data: list[bytes | None] = []
-    spliced = False
-    blobs: list[Any] = []
-    # Whether the header may serve repeats (see EncodedAnswer).
-    reusable = not result.parameters
-    sent: list[tuple[str, DataType]] = []
-    blob_size = 0
-    copied = True
-    for name, value in produced.items():
+    wanted = _wanted_outputs(request, result.outputs)
+    answer = _AnswerBuilder(reusable=not result.parameters)
+    for name, value in result.outputs.items():
         requested = None
         if wanted is not None:
             requested = wanted.get(name)
@@ -133,65 +115,113 @@ def _encode(
         arr, dt = wire_outputs.output_array(name, value, spec.output_types.get(name), model_name)
         if requested is None:
             binary, classes = request.binary_data_output, 0
+        elif requested.shm_region is not None:
+            answer.add_to_shared_memory(name, arr, dt, requested, model_name, write_shm)
+            continue
         else:
-            if requested.shm_region is not None:
-                entries.append({"name": name, "datatype": dt.wire_name, "shape": list(arr.shape)})
-                raw_data.append(None)
-                _write_shm_output(name, arr, dt, requested, model_name, write_shm)
-                reusable = False
-                continue
             binary, classes = requested.binary_data, requested.classification
         if classes or not binary or arr is not value or dt.is_bytes:
-            reusable = False
+            answer.reusable = False
         if classes:
             label_list = labels.get(name) if labels is not None else None
             elements, class_shape = wire_outputs.classify(arr, dt, classes, spec.batching, label_list)
-            arr = wire_outputs.bytes_object_array(elements, class_shape)
-            dt = wire_outputs.BYTES
-        entry: dict[str, Any] = {"name": name, "datatype": dt.wire_name, "shape": list(arr.shape)}
-        raw: bytes | None = None
+            arr, dt = wire_outputs.bytes_object_array(elements, class_shape), wire_outputs.BYTES
         if binary:
-            pieces, size = wire_outputs.binary_blob(arr, dt, name, model_name)
-            blobs.extend(pieces)
-            blob_size += size
-            copied = copied and wire_outputs.copied_whole(dt, size)
-            entry["parameters"] = {"binary_data_size": size}
-            sent.append((name, dt))
+            answer.add_blob(name, arr, dt, model_name)
         else:
-            if not dt.json_allowed:
-                raise InvalidInputError(
-                    f"sending {dt.wire_name} data via JSON is not supported. Please use the binary data format "
-                    f"for output '{name}' of model '{model_name}'",
-                    model=model_name,
-                )
-            data, raw = wire_outputs.json_output_data(arr, dt)
-            if raw is None:
-                entry["data"] = data
-            else:
-                spliced = True
-        entries.append(entry)
-        raw_data.append(raw)
+            answer.add_json(name, arr, dt, model_name)
+    return answer.finish(result, request.id or result.id)
 
-    head: dict[str, Any] = {}
-    if response_id:
-        head["id"] = response_id
-    head["model_name"] = result.model_name
-    head["model_version"] = str(result.model_version)
-    if result.parameters:
-        head["parameters"] = dict(result.parameters)
-    if spliced:
-        header = _dump_spliced(head, entries, raw_data)
-    else:
-        head["outputs"] = entries
-        header = orjson.dumps(head, option=_NUMPY_OPTION)
-    header_length = str(len(header)).encode()
-    learnt = None
-    if reusable:
-        headers = _content_headers(header_length, bool(blobs)) + (
-            (b"content-length", b"%d" % (len(header) + blob_size)),
+
+def _wanted_outputs(request: InferRequest, produced: Mapping[str, Any]) -> dict[str, RequestedOutput] | None:
+    """The outputs the request listed, by name (None: all of them); each must have been produced."""
+    if request.outputs is None:
+        return None
+    wanted = {out.name: out for out in request.outputs}
+    missing = [name for name in wanted if name not in produced]
+    if missing:
+        raise ModelExecutionError(
+            f"model '{request.model_name}' did not produce the requested output(s) {', '.join(map(repr, missing))}",
+            model=request.model_name,
         )
-        learnt = LearntAnswer(header, tuple(sent), headers, copied)
-    return EncodedAnswer(header, header_length, blobs, learnt)
+    return wanted
+
+
+class _AnswerBuilder:
+    """One answer as the encoder builds it: the JSON header's output entries (with the
+    hand-written data texts of spliced ones), the blobs that follow the header, and
+    whether the header may serve repeats (``reusable``; see EncodedAnswer)."""
+
+    __slots__ = ("entries", "raw_data", "spliced", "blobs", "blob_size", "sent", "copied", "reusable")
+
+    def __init__(self, reusable: bool) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.raw_data: list[bytes | None] = []
+        self.spliced = False
+        self.blobs: list[Any] = []
+        self.blob_size = 0
+        self.sent: list[tuple[str, DataType]] = []
+        self.copied = True
+        self.reusable = reusable
+
+    def add_to_shared_memory(
+        self, name: str, arr: NDArray[Any], dt: DataType, requested: RequestedOutput, model_name: str,
+        write_shm: ShmWriter | None,
+    ) -> None:
+        self.entries.append({"name": name, "datatype": dt.wire_name, "shape": list(arr.shape)})
+        self.raw_data.append(None)
+        _write_shm_output(name, arr, dt, requested, model_name, write_shm)
+        self.reusable = False
+
+    def add_blob(self, name: str, arr: NDArray[Any], dt: DataType, model_name: str) -> None:
+        pieces, size = wire_outputs.binary_blob(arr, dt, name, model_name)
+        self.blobs.extend(pieces)
+        self.blob_size += size
+        self.copied = self.copied and wire_outputs.copied_whole(dt, size)
+        self.sent.append((name, dt))
+        self.entries.append({
+            "name": name, "datatype": dt.wire_name, "shape": list(arr.shape), "parameters": {"binary_data_size": size},
+        })
+        self.raw_data.append(None)
+
+    def add_json(self, name: str, arr: NDArray[Any], dt: DataType, model_name: str) -> None:
+        if not dt.json_allowed:
+            raise InvalidInputError(
+                f"sending {dt.wire_name} data via JSON is not supported. Please use the binary data format "
+                f"for output '{name}' of model '{model_name}'",
+                model=model_name,
+            )
+        entry: dict[str, Any] = {"name": name, "datatype": dt.wire_name, "shape": list(arr.shape)}
+        data, raw = wire_outputs.json_output_data(arr, dt)
+        if raw is None:
+            entry["data"] = data
+        else:
+            self.spliced = True
+        self.entries.append(entry)
+        self.raw_data.append(raw)
+
+    def finish(self, result: InferResult, response_id: str) -> EncodedAnswer:
+        """The JSON header (keys in Triton's order) over the outputs added, and the answer."""
+        head: dict[str, Any] = {}
+        if response_id:
+            head["id"] = response_id
+        head["model_name"] = result.model_name
+        head["model_version"] = str(result.model_version)
+        if result.parameters:
+            head["parameters"] = dict(result.parameters)
+        if self.spliced:
+            header = _dump_spliced(head, self.entries, self.raw_data)
+        else:
+            head["outputs"] = self.entries
+            header = orjson.dumps(head, option=_NUMPY_OPTION)
+        header_length = str(len(header)).encode()
+        learnt = None
+        if self.reusable:
+            headers = _content_headers(header_length, bool(self.blobs)) + (
+                (b"content-length", b"%d" % (len(header) + self.blob_size)),
+            )
+            learnt = LearntAnswer(header, tuple(self.sent), headers, self.copied)
+        return EncodedAnswer(header, header_length, self.blobs, learnt)
 
 
 def _content_headers(header_length: bytes, binary: bool) -> tuple[tuple[bytes, bytes], ...]:
