@@ -125,58 +125,84 @@ def create_app(
     restrictions = restriction_table(options.http_restricted_api, "--http-restricted-api")
     counted = refusals if refusals is not None else Refusals()
     guards = {group: Guard(group, restriction, counted) for group, restriction in restrictions.items()}
-
-    def route(path: str, endpoint: object, group: str, methods: list[str]) -> Route:
-        return Route(path, guarded(endpoint, guards.get(group)), methods=methods)
-
     endpoints = Endpoints(manager, options, shm=shm)
-    e = endpoints
-    ops = Operations(manager, options, shm)
-    generate = GenerateHandler(manager, options, stream=False)
-    generate_stream = GenerateHandler(manager, options, stream=True)
-    get, post, get_post = ["GET"], ["POST"], ["GET", "POST"]
-    model = "/v2/models/{name}"
-    routes = [
-        route("/v2/models/stats", e.all_stats, "statistics", get),
-        route("/v2/health/live", e.health_live, "health", get),
-        route("/v2/health/ready", e.health_ready, "health", get),
-        route("/v2", e.server_metadata, "metadata", get),
-    ]
-    # Each model route, for the model and for one of its versions.
-    for tail, handler, group, methods in (
-        ("", e.model_metadata, "metadata", get),
-        ("/ready", e.model_ready, "health", get),
-        ("/config", e.model_config, "model-config", get),
-        ("/stats", e.model_stats, "statistics", get),
-        ("/infer", _method_not_allowed, "inference", post),
-        # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
-        ("/generate", generate, "inference", post),
-        ("/generate_stream", generate_stream, "inference", post),
-    ):
-        routes.append(route(model + tail, handler, group, methods))
-        routes.append(route(model + "/versions/{version:int}" + tail, handler, group, methods))
+    rows = _route_rows(endpoints, Operations(manager, options, shm), manager, options)
+    routes = [Route(path, guarded(handler, guards.get(group)), methods=methods) for path, handler, group, methods in rows]
+    starlette = Starlette(
+        routes=routes,
+        lifespan=_lifespan(manager, endpoints, on_started),
+        exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
+    )
+    starlette.router.redirect_slashes = False
+    return NereidApp(starlette, endpoints, guards.get("inference"))
+
+
+#: One route: path, handler, the restriction group that guards it, methods.
+_RouteRow = tuple[str, object, str, list[str]]
+_GET, _POST, _GET_POST = ["GET"], ["POST"], ["GET", "POST"]
+_MODEL = "/v2/models/{name}"
+
+
+def _route_rows(e: Endpoints, ops: Operations, manager: ModelManager, options: ServerOptions) -> list[_RouteRow]:
+    """Every route but the infer fast path (NereidApp takes that one first)."""
     repository = "model-repository"
-    routes += [
-        route("/v2/repository/index", e.repository_index, repository, post),
-        route("/v2/repository/{repo}/index", e.repository_index, repository, post),
-        route("/v2/repository/models/{name}/load", e.repository_load, repository, post),
-        route("/v2/repository/models/{name}/unload", e.repository_unload, repository, post),
-        route("/v2/repository/{repo}/models/{name}/load", e.repository_load, repository, post),
-        route("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, repository, post),
-        route("/v2/logging", ops.logging, "logging", get_post),
-        route("/v2/trace/setting", ops.trace_setting, "trace", get_post),
-        route(model + "/trace/setting", ops.trace_setting, "trace", get_post),
+    return [
+        ("/v2/models/stats", e.all_stats, "statistics", _GET),
+        ("/v2/health/live", e.health_live, "health", _GET),
+        ("/v2/health/ready", e.health_ready, "health", _GET),
+        ("/v2", e.server_metadata, "metadata", _GET),
+        *_model_rows(e, manager, options),
+        ("/v2/repository/index", e.repository_index, repository, _POST),
+        ("/v2/repository/{repo}/index", e.repository_index, repository, _POST),
+        ("/v2/repository/models/{name}/load", e.repository_load, repository, _POST),
+        ("/v2/repository/models/{name}/unload", e.repository_unload, repository, _POST),
+        ("/v2/repository/{repo}/models/{name}/load", e.repository_load, repository, _POST),
+        ("/v2/repository/{repo}/models/{name}/unload", e.repository_unload, repository, _POST),
+        ("/v2/logging", ops.logging, "logging", _GET_POST),
+        ("/v2/trace/setting", ops.trace_setting, "trace", _GET_POST),
+        (_MODEL + "/trace/setting", ops.trace_setting, "trace", _GET_POST),
+        *_shared_memory_rows(ops),
     ]
-    # Each shared-memory route, for every region and for one named region.
+
+
+def _model_rows(e: Endpoints, manager: ModelManager, options: ServerOptions) -> list[_RouteRow]:
+    """Each model route, for the model and for one of its versions."""
+    rows: list[_RouteRow] = []
+    for tail, handler, group, methods in (
+        ("", e.model_metadata, "metadata", _GET),
+        ("/ready", e.model_ready, "health", _GET),
+        ("/config", e.model_config, "model-config", _GET),
+        ("/stats", e.model_stats, "statistics", _GET),
+        ("/infer", _method_not_allowed, "inference", _POST),
+        # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
+        ("/generate", GenerateHandler(manager, options, stream=False), "inference", _POST),
+        ("/generate_stream", GenerateHandler(manager, options, stream=True), "inference", _POST),
+    ):
+        rows.append((_MODEL + tail, handler, group, methods))
+        rows.append((_MODEL + "/versions/{version:int}" + tail, handler, group, methods))
+    return rows
+
+
+def _shared_memory_rows(ops: Operations) -> list[_RouteRow]:
+    """Each shared-memory route, for every region and for one named region."""
+    rows: list[_RouteRow] = []
     for root, status, register, unregister in (
         ("/v2/systemsharedmemory", ops.system_shm_status, ops.system_shm_register, ops.system_shm_unregister),
         ("/v2/cudasharedmemory", ops.cuda_shm_status, ops.cuda_shm_register, ops.cuda_shm_unregister),
     ):
         for action, handler, methods in (
-            ("/status", status, get), ("/register", register, post), ("/unregister", unregister, post)
+            ("/status", status, _GET), ("/register", register, _POST), ("/unregister", unregister, _POST)
         ):
-            routes.append(route(root + action, handler, "shared-memory", methods))
-            routes.append(route(root + "/region/{region}" + action, handler, "shared-memory", methods))
+            rows.append((root + action, handler, "shared-memory", methods))
+            rows.append((root + "/region/{region}" + action, handler, "shared-memory", methods))
+    return rows
+
+
+def _lifespan(
+    manager: ModelManager, endpoints: Endpoints, on_started: Callable[[], Awaitable[None] | None] | None
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Starts the manager in the background (then ``on_started``); on shutdown stops the
+    start if still running, the infer endpoint's decoding and the manager."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -197,13 +223,7 @@ def create_app(
             await endpoints.infer_endpoint.aclose()
             await manager.close()
 
-    starlette = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
-    )
-    starlette.router.redirect_slashes = False
-    return NereidApp(starlette, endpoints, guards.get("inference"))
+    return lifespan
 
 
 async def _method_not_allowed(request: Request) -> Response:

@@ -9,6 +9,7 @@ checking core (``nereid.tensors.checks``), its problems worded for this JSON for
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,26 +42,16 @@ def parse_generate_request(
 
     Raises MalformedRequestError (bad JSON, 500 as in Triton) or InvalidInputError (400).
     """
-    try:
-        root = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequestError(f"failed to parse the request JSON buffer: {exc}") from None
-    if type(root) is not dict:
-        raise MalformedRequestError(
-            f"failed to parse the request JSON buffer: expected a JSON object, got {_json_kind(root)}"
-        )
+    root = _json_object(body)
     where = f"generate request for model '{model_name}'"
     request_id = root.get("id", "")
     if type(request_id) is not str:
         raise InvalidInputError(f"{where}: field 'id': expected a JSON string, got {_json_kind(request_id)}")
-    inputs: dict[str, np.ndarray] = {}
-    specs: dict[str, ModelInput] = {}
-    custom: dict[str, ParameterValue] = {}
-    priority = 0
-    timeout_us: int | None = None
     explicit = root.get("parameters", {})
     if type(explicit) is not dict:
         raise InvalidInputError(f"{where}: field 'parameters': expected a JSON object, got {_json_kind(explicit)}")
+    inputs: dict[str, np.ndarray] = {}
+    specs: dict[str, ModelInput] = {}
     merged: list[tuple[str, Any, str]] = []
     for key, value in root.items():
         if key in ("id", "parameters"):
@@ -72,6 +63,41 @@ def parse_generate_request(
         else:
             merged.append((key, value, f"field '{key}' (not an input of the model, so a request parameter)"))
     merged.extend((key, value, f"parameter '{key}'") for key, value in explicit.items())
+    custom: dict[str, ParameterValue] = {}
+    priority, timeout_us = _parameters(merged, custom, where)
+    facts = {name: _Facts(array, specs[name]) for name, array in inputs.items()}
+    ConfigRules(config).check_inputs(facts, model_name, render=_problem_text(where, root, config))
+    return InferRequest(
+        model_name=model_name,
+        inputs=inputs,
+        rows=1,
+        id=request_id,
+        model_version=model_version,
+        parameters=custom,
+        priority=priority,
+        timeout_us=timeout_us,
+    )
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        root = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequestError(f"failed to parse the request JSON buffer: {exc}") from None
+    if type(root) is not dict:
+        raise MalformedRequestError(
+            f"failed to parse the request JSON buffer: expected a JSON object, got {_json_kind(root)}"
+        )
+    return root
+
+
+def _parameters(
+    merged: list[tuple[str, Any, str]], custom: dict[str, ParameterValue], where: str
+) -> tuple[int, int | None]:
+    """The request parameters (key, value, how the message names it), in order:
+    (priority, timeout_us); the others go into ``custom``."""
+    priority = 0
+    timeout_us: int | None = None
     for key, value, what in merged:
         if key.startswith("triton_"):
             raise InvalidInputError(
@@ -91,6 +117,12 @@ def parse_generate_request(
                 f"{where}: {what}: expected a JSON string, number or boolean, got {_json_kind(value)}"
             )
         custom[key] = value
+    return priority, timeout_us
+
+
+def _problem_text(where: str, root: dict[str, Any], config: ModelConfig) -> Callable[[Facts], str]:
+    """How the checking core's problems read for this JSON form."""
+
     def render(facts: Facts) -> str:
         if facts.problem is Problem.INPUT_COUNT:  # the only one a JSON key can cause: inputs are made to fit
             wanted = ", ".join(f"'{name}'" for name in facts.detail["missing"])
@@ -101,18 +133,7 @@ def parse_generate_request(
             )
         return f"{where}: {triton_text(facts)}"
 
-    facts = {name: _Facts(array, specs[name]) for name, array in inputs.items()}
-    ConfigRules(config).check_inputs(facts, model_name, render=render)
-    return InferRequest(
-        model_name=model_name,
-        inputs=inputs,
-        rows=1,
-        id=request_id,
-        model_version=model_version,
-        parameters=custom,
-        priority=priority,
-        timeout_us=timeout_us,
-    )
+    return render
 
 
 class _Facts:
