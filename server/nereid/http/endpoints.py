@@ -9,6 +9,7 @@ ModelManager's public methods.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -80,16 +81,19 @@ class Endpoints:
         return empty_response(200) if why is None else error_response(InvalidInputError(f"Model version not ready: {why}"))
 
     async def model_metadata(self, request: Request) -> Response:
-        params = request.path_params
-        try:
-            return json_response(admin.model_metadata(self.manager, params["name"], params.get("version")))
-        except NereidError as exc:
-            return error_response(exc)
+        return self._about_model(admin.model_metadata, request)
 
     async def model_config(self, request: Request) -> Response:
+        return self._about_model(admin.model_config, request)
+
+    def _about_model(
+        self, about: Callable[[ModelManager, str, str | int | None], dict[str, Any]], request: Request
+    ) -> Response:
+        """``about`` (an ``admin`` look-up) of the model and version the path names, as
+        JSON; its error in Triton's shape."""
         params = request.path_params
         try:
-            return json_response(admin.model_config(self.manager, params["name"], params.get("version")))
+            return json_response(about(self.manager, params["name"], params.get("version")))
         except NereidError as exc:
             return error_response(exc)
 
@@ -99,11 +103,7 @@ class Endpoints:
         return json_response(admin.model_statistics(self.manager, None, None))
 
     async def model_stats(self, request: Request) -> Response:
-        params = request.path_params
-        try:
-            return json_response(admin.model_statistics(self.manager, params["name"], params.get("version")))
-        except NereidError as exc:
-            return error_response(exc)
+        return self._about_model(admin.model_statistics, request)
 
     # -- repository ----------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ __all__ = ["GenerateHandler", "generate_response", "collect_steps"]
 _log = logging.getLogger("nereid")
 
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_SSE_HEADERS = ((b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"))
 
 
 class GenerateHandler:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 from nereid.models.admin import parse_version
@@ -243,22 +244,17 @@ def _internal_error(model: str, exc: BaseException) -> InternalError:
     return InternalError(f"internal error in infer on model '{model}': {exc}")
 
 
+@dataclass(slots=True)
 class _InferCall:
     """One parsed infer request on its way through the model; ``answer`` gets its outcome."""
 
-    __slots__ = ("name", "serving", "request", "tables", "accept_encoding", "shm", "responder")
-
-    def __init__(
-        self, name: str, serving: ServingModel, request: InferRequest, tables: HttpModelTables, accept_encoding: str | None,
-        shm: Any, responder: Responder,
-    ) -> None:
-        self.name = name
-        self.serving = serving
-        self.request = request
-        self.tables = tables
-        self.accept_encoding = accept_encoding
-        self.shm = shm
-        self.responder = responder
+    name: str
+    serving: ServingModel
+    request: InferRequest
+    tables: HttpModelTables
+    accept_encoding: str | None
+    shm: Any
+    responder: Responder
 
     def answer(self, outputs: Any, error: BaseException | None) -> None:
         """The outcome of the submitted request: ``responder`` gets its answer or its

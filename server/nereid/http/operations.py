@@ -46,14 +46,18 @@ _U64_LIMIT = 1 << 64
 _U32_MAX = (1 << 32) - 1
 _I32_MAX = (1 << 31) - 1
 
-_TRACE_DEFAULTS: dict[str, Any] = {
-    "trace_level": ["OFF"],
-    "trace_rate": "1000",
-    "trace_count": "-1",
-    "log_frequency": "0",
-    "trace_file": "",
-    "trace_mode": "triton",
-}
+
+
+def _trace_defaults() -> dict[str, Any]:
+    """Triton's trace settings before any is set (a fresh dict each time: nothing shared)."""
+    return {
+        "trace_level": ["OFF"],
+        "trace_rate": "1000",
+        "trace_count": "-1",
+        "log_frequency": "0",
+        "trace_file": "",
+        "trace_mode": "triton",
+    }
 _TRACE_LEVELS = ("TIMESTAMPS", "TENSORS")
 
 
@@ -68,7 +72,7 @@ class Operations:
         self.manager = manager
         self.options = options
         self.shm = shm
-        self._trace: dict[str, Any] = dict(_TRACE_DEFAULTS)
+        self._trace: dict[str, Any] = _trace_defaults()
         self._model_trace: dict[str, dict[str, Any]] = {}
 
     # -- system shared memory ----------------------------------------------------------
@@ -183,7 +187,7 @@ class Operations:
                     if value is not None:
                         target[key] = value
                     elif model is None:
-                        target[key] = _TRACE_DEFAULTS[key]
+                        target[key] = _trace_defaults()[key]
                     else:
                         target.pop(key, None)
         except NereidError as exc:

@@ -21,7 +21,7 @@ from nereid.http.errors import error_json
 
 __all__ = ["Guard", "guarded", "header_value"]
 
-_JSON = [(b"content-type", b"application/json")]
+_JSON = (b"content-type", b"application/json")
 
 
 def header_value(headers: Any, name: bytes) -> bytes | None:
@@ -45,7 +45,7 @@ class Guard:
         self._name = restriction.name.encode("latin-1")
         #: (status, headers, body) of a refused request
         self.refusal: tuple[int, list[tuple[bytes, bytes]], bytes] = (
-            403, _JSON, error_json(restriction.http_message())
+            403, [_JSON], error_json(restriction.http_message())
         )
 
     def permits(self, headers: Any) -> bool:

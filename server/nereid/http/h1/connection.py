@@ -27,6 +27,8 @@ import asyncio
 import collections
 import enum
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -66,12 +68,12 @@ _GONE = (_LINGERING, _CLOSED)
 
 #: The moves a connection may make (staying CLOSED or LAST_REQUEST is allowed: a second
 #: connection_lost, a second refusal). Anything else is a bug, raised at once.
-TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
+TRANSITIONS: Mapping[ConnectionState, frozenset[ConnectionState]] = MappingProxyType({
     _OPEN: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
     _LAST_REQUEST: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
     _LINGERING: frozenset({_CLOSED}),
     _CLOSED: frozenset({_CLOSED}),
-}
+})
 
 
 class Connection(asyncio.Protocol):
@@ -117,7 +119,7 @@ class Connection(asyncio.Protocol):
         server = self._server
         if len(server.connections) >= self._limits.max_connections:
             server.refused_connection()
-            status, headers, body = refusal(503, self._limits.too_many_connections())
+            status, headers, body = refusal(503, self._limits.told("max_connections"))
             head, _ = response_head(status, headers, len(body), True)
             transport.write(b"".join([*head, body]))
             self._enter(_CLOSED)

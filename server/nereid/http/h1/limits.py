@@ -1,6 +1,6 @@
 """ConnectionLimits: what one client may hold of the native engine, and for how long.
 
-Owns the limits and timeouts a ``native_connection.Connection`` enforces, their defaults
+Owns the limits and timeouts an HTTP/1.1 ``connection.Connection`` enforces, their defaults
 (the CLI's), and the texts of the answers a client gets past them:
 
 - the request head: URL length (414), header count and total head size (431);
@@ -20,14 +20,41 @@ of calling the clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from nereid.options import ServerOptions
 
-__all__ = ["ConnectionLimits"]
+__all__ = ["ConnectionLimits", "Told"]
 
 
 _DEFAULTS = ServerOptions()
+
+#: The ServerOptions field each limit comes from (its CLI flag: the name with dashes).
+_OPTION_OF = {
+    "max_request_size": "max_request_size",
+    "max_url_size": "http_max_url_size",
+    "max_header_count": "http_max_header_count",
+    "max_header_size": "http_max_header_size",
+    "header_timeout": "http_header_timeout_secs",
+    "body_timeout": "http_body_timeout_secs",
+    "keepalive_timeout": "http_keepalive_timeout_secs",
+    "max_connections": "http_max_connections",
+    "max_body_bytes_in_flight": "max_request_bytes_in_flight",
+}
+
+#: The limits a client is told it went past (``ConnectionLimits.told``).
+Told = Literal["max_url_size", "max_header_count", "max_header_size", "header_timeout", "body_timeout",
+               "max_connections"]
+#: What a client past each is told: ``{limit}`` is the limit, ``{flag}`` the CLI flag that sets it.
+_TEXTS: dict[str, str] = {
+    "max_url_size": "request URL longer than {limit} bytes ({flag})",
+    "max_header_count": "request has more than {limit} header lines ({flag})",
+    "max_header_size": "request head larger than {limit} bytes ({flag})",
+    "header_timeout": "request head not complete within {limit:g} s ({flag})",
+    "body_timeout": "request body stopped arriving for {limit:g} s ({flag})",
+    "max_connections": "server has {limit} open connections, its limit ({flag}); retry later",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +71,7 @@ class ConnectionLimits:
 
     @classmethod
     def from_options(cls, options: ServerOptions) -> ConnectionLimits:
-        return cls(
-            max_request_size=options.max_request_size,
-            max_url_size=options.http_max_url_size,
-            max_header_count=options.http_max_header_count,
-            max_header_size=options.http_max_header_size,
-            header_timeout=options.http_header_timeout_secs,
-            body_timeout=options.http_body_timeout_secs,
-            keepalive_timeout=options.http_keepalive_timeout_secs,
-            max_connections=options.http_max_connections,
-            max_body_bytes_in_flight=options.max_request_bytes_in_flight,
-        )
+        return cls(**{field.name: getattr(options, _OPTION_OF[field.name]) for field in fields(cls)})
 
     @property
     def sweep_interval(self) -> float:
@@ -64,23 +81,10 @@ class ConnectionLimits:
 
     # -- what a client is told ------------------------------------------------------------
 
-    def url_too_long(self) -> str:
-        return f"request URL longer than {self.max_url_size} bytes (--http-max-url-size)"
-
-    def too_many_headers(self) -> str:
-        return f"request has more than {self.max_header_count} header lines (--http-max-header-count)"
-
-    def head_too_large(self) -> str:
-        return f"request head larger than {self.max_header_size} bytes (--http-max-header-size)"
-
-    def head_timed_out(self) -> str:
-        return f"request head not complete within {self.header_timeout:g} s (--http-header-timeout-secs)"
-
-    def body_timed_out(self) -> str:
-        return f"request body stopped arriving for {self.body_timeout:g} s (--http-body-timeout-secs)"
-
-    def too_many_connections(self) -> str:
-        return f"server has {self.max_connections} open connections, its limit (--http-max-connections); retry later"
+    def told(self, limit: Told) -> str:
+        """What a client past ``limit`` is told: the limit's value and the flag that sets it."""
+        flag = "--" + _OPTION_OF[limit].replace("_", "-")
+        return _TEXTS[limit].format(limit=getattr(self, limit), flag=flag)
 
     def budget_exhausted(self, in_flight: int, size: int) -> str:
         return (

@@ -20,6 +20,7 @@ reading the request) need not see it. Pure bytes in, bytes out: what a repeat me
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
@@ -46,30 +47,23 @@ def refusal(status: int, message: str) -> ResponseParts:
     return status, [_JSON], error_json(message)
 
 
+@dataclass(slots=True)
 class Request:
     """One complete request waiting for (or getting) its answer."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http_version", "refusal", "infer_headers",
-                 "reserved")
-
-    def __init__(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
-        keep_alive: bool, http_version: str, refusal: ResponseParts | None,
-        infer_headers: InferHeaders | None = None,
-    ) -> None:
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http_version = http_version
-        #: answered with this instead of being served (a limit, an unparsable request).
-        self.refusal = refusal
-        #: what the infer path reads of ``headers`` (made when first needed, by
-        #: ``parsed_infer_headers``; repeats share the one of the request they repeat).
-        self.infer_headers = infer_headers
-        #: body bytes this request holds of the server's RequestBudget until it is answered.
-        self.reserved = 0
+    method: bytes
+    url: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    keep_alive: bool
+    http_version: str
+    #: answered with this instead of being served (a limit, an unparsable request).
+    refusal: ResponseParts | None
+    #: what the infer path reads of ``headers`` (made when first needed, by
+    #: ``parsed_infer_headers``; repeats share the one of the request they repeat).
+    infer_headers: InferHeaders | None = None
+    #: body bytes this request holds of the server's RequestBudget until it is answered.
+    reserved: int = 0
 
     def parsed_infer_headers(self) -> InferHeaders:
         """``infer_headers``, made from ``headers`` the first time."""
@@ -141,10 +135,10 @@ class RequestReader:
             return False
         limits = self._limits
         if not self.headers_done and now - self.since > limits.header_timeout:
-            self._refuse(refusal(408, limits.head_timed_out()))
+            self._refuse(refusal(408, limits.told("header_timeout")))
             return True
         if self.headers_done and now - self.since > limits.body_timeout:
-            self._refuse(refusal(408, limits.body_timed_out()))
+            self._refuse(refusal(408, limits.told("body_timeout")))
             return True
         return False
 
@@ -189,7 +183,7 @@ class RequestReader:
             return
         self._url += url
         if len(self._url) > self._limits.max_url_size:
-            self._refuse(refusal(414, self._limits.url_too_long()))
+            self._refuse(refusal(414, self._limits.told("max_url_size")))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refusal is not None:
@@ -199,9 +193,9 @@ class RequestReader:
         self._head_size += len(name) + len(value) + 4
         limits = self._limits
         if self._header_count > limits.max_header_count:
-            self._refuse(refusal(431, limits.too_many_headers()))
+            self._refuse(refusal(431, limits.told("max_header_count")))
         elif self._head_size + len(self._url) > limits.max_header_size:
-            self._refuse(refusal(431, limits.head_too_large()))
+            self._refuse(refusal(431, limits.told("max_header_size")))
 
     def on_headers_complete(self) -> None:
         if self._refusal is not None:
@@ -262,7 +256,7 @@ class RequestReader:
             return
         self._head_bytes += size
         if self._head_bytes > self._limits.max_header_size:
-            self._refuse(refusal(431, self._limits.head_too_large()))
+            self._refuse(refusal(431, self._limits.told("max_header_size")))
 
     def _reserve(self, size: int) -> bool:
         """Hold ``size`` more body bytes of the server's budget for the request being
