@@ -1,13 +1,21 @@
-"""RepeatedHead, the pure byte matcher of repeated request heads: which reads teach a
-head, and what a read that starts with repeats is cut into."""
+"""h1/request_reader.py: the RequestReader (one connection's requests read from its bytes
+within the limits, handed to a fake Reading; the server's clock moved by hand) and
+RepeatedHead, the pure byte matcher of repeated request heads (which reads teach a head,
+and what a read that starts with repeats is cut into)."""
 
 from __future__ import annotations
 
+import httptools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereid.http.h1.request_reader import MAX_REPEAT_BODY, RepeatedHead
+from types import SimpleNamespace
+
+from nereid.http.h1.heads import CONTINUE
+from nereid.http.h1.limits import ConnectionLimits
+from nereid.http.h1.request_reader import MAX_REPEAT_BODY, RepeatedHead, Request, RequestReader
+from nereid.network.request_budget import SMALL_REQUEST, RequestBudget
 
 HEAD = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"
 HEADERS = [(b"host", b"x"), (b"content-length", b"5")]
@@ -84,3 +92,127 @@ def test_match_cuts_exactly_the_leading_repeats(bodies: list[bytes], tail: bytes
         rest = rest[matcher.size :]
     assert got == expected
     assert data[len(got) * matcher.size :] == rest
+
+
+
+# -- RequestReader ---------------------------------------------------------------------------
+
+
+class Taken:
+    """The Reading a RequestReader hands its requests to; ``may_continue`` as told."""
+
+    def __init__(self, may_continue: bool = True) -> None:
+        self.requests: list[Request] = []
+        self.refused: list[Request] = []
+        self._may_continue = may_continue
+
+    def take(self, request: Request) -> None:
+        self.requests.append(request)
+
+    def take_refusal(self, request: Request) -> None:
+        self.refused.append(request)
+
+    def may_continue(self) -> bool:
+        return self._may_continue
+
+
+class Written:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+def reader(*, may_continue: bool = True, budget: int = 1 << 30, **limits: object) -> tuple[
+    RequestReader, Taken, Written, SimpleNamespace
+]:
+    """A RequestReader on a stand-in server (its limits, body budget and coarse clock ``now``)."""
+    server = SimpleNamespace(limits=ConnectionLimits(**limits), body_budget=RequestBudget(budget), now=100.0)  # type: ignore[arg-type]
+    taken, written = Taken(may_continue), Written()
+    return RequestReader(taken, server, written), taken, written, server  # type: ignore[arg-type]
+
+
+POST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def test_a_request_split_across_reads_is_handed_over_once_whole() -> None:
+    read, taken, _, _ = reader()
+    for cut in (POST[:7], POST[7:40], POST[40:-2], POST[-2:]):
+        assert read.feed(cut) is None  # not one whole request in one read
+    [request] = taken.requests
+    assert (request.method, request.url, request.body, request.keep_alive, request.http_version) == (
+        b"POST", b"/v2/models/m/infer", b"hello", True, "1.1")
+    assert request.headers == [(b"host", b"x"), (b"content-length", b"5")]  # names lowercase
+    assert not read.in_message
+
+
+def test_feed_returns_the_request_of_a_read_that_was_exactly_that_request() -> None:
+    read, taken, _, _ = reader()
+    whole = read.feed(POST)
+    assert whole is not None and whole is taken.requests[0]
+    assert read.feed(POST + POST) is None  # two requests: nothing to learn a head from
+    assert [request.body for request in taken.requests] == [b"hello"] * 3
+
+
+def test_a_chunked_body_is_joined() -> None:
+    read, taken, _, _ = reader()
+    read.feed(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    assert [request.body for request in taken.requests] == [b"abcde"]
+
+
+def test_a_body_past_max_request_size_is_refused_with_the_flag_named() -> None:
+    read, taken, _, _ = reader(max_request_size=4)
+    read.feed(POST)
+    assert not taken.requests
+    [refused] = taken.refused
+    assert refused.refusal is not None and refused.refusal[0] == 400
+    assert b"--max-request-size" in refused.refusal[2] and not refused.keep_alive
+
+
+def test_expect_100_continue_is_answered_only_when_the_connection_may_continue() -> None:
+    head = b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    for may_continue, expected in ((True, CONTINUE), (False, b"")):
+        read, taken, written, _ = reader(may_continue=may_continue)
+        read.feed(head)
+        assert written.data == expected
+        read.feed(b"hello")
+        assert [request.body for request in taken.requests] == [b"hello"]
+
+
+@pytest.mark.parametrize("sent, timeout, flag", [
+    (b"GET / HTTP/1.1\r\nHost:", "header_timeout", b"--http-header-timeout-secs"),
+    (POST[:-2], "body_timeout", b"--http-body-timeout-secs"),
+])
+def test_a_stalled_head_or_body_is_refused_with_408_after_its_timeout(sent: bytes, timeout: str, flag: bytes) -> None:
+    read, taken, _, server = reader(**{timeout: 5.0})
+    read.feed(sent)
+    server.now += 5.0
+    assert not read.timed_out(server.now)  # at the limit: still waiting
+    server.now += 0.5
+    assert read.timed_out(server.now)
+    [refused] = taken.refused
+    assert refused.refusal is not None and refused.refusal[0] == 408 and flag in refused.refusal[2]
+
+
+def test_a_large_body_holds_the_budget_until_answered_and_close_gives_back_the_rest() -> None:
+    size = SMALL_REQUEST + 1
+    head = b"POST /x HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size
+    read, taken, _, server = reader(budget=2 * size)
+    read.feed(head + bytes(size))
+    read.feed(head + bytes(size))
+    assert server.body_budget.held == 2 * size
+    read.feed(head)  # a third does not fit: refused at its head
+    [refused] = taken.refused
+    assert refused.refusal is not None and refused.refusal[0] == 503
+    first, second = taken.requests
+    read.release(first)
+    assert server.body_budget.held == size
+    read.close()
+    assert server.body_budget.held == 0
+
+
+def test_a_parse_error_is_raised_to_the_connection() -> None:
+    read, _, _, _ = reader()
+    with pytest.raises(httptools.HttpParserError):
+        read.feed(b"NOT HTTP\r\n\r\n")

@@ -85,9 +85,3 @@ class ConnectionLimits:
         """What a client past ``limit`` is told: the limit's value and the flag that sets it."""
         flag = "--" + _OPTION_OF[limit].replace("_", "-")
         return _TEXTS[limit].format(limit=getattr(self, limit), flag=flag)
-
-    def budget_exhausted(self, in_flight: int, size: int) -> str:
-        return (
-            f"server busy: {in_flight} bytes of request bodies in flight and this request brings {size} more, "
-            f"past the limit of {self.max_body_bytes_in_flight} (--max-request-bytes-in-flight); retry later"
-        )

@@ -263,7 +263,7 @@ class RequestReader:
         read; False (and a 503) when the budget cannot take them now."""
         budget = self._budget
         if not budget.admits(size):
-            self._refuse(refusal(503, self._limits.budget_exhausted(budget.held, size)))
+            self._refuse(refusal(503, budget.refusal(size)))
             return False
         budget.held += size
         self._held += size
