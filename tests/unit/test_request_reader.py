@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from types import SimpleNamespace
+from typing import Any
 
 from nereid.http.h1.heads import CONTINUE
 from nereid.http.h1.limits import ConnectionLimits
@@ -124,11 +125,11 @@ class Written:
         self.data += data
 
 
-def reader(*, may_continue: bool = True, budget: int = 1 << 30, **limits: object) -> tuple[
+def reader(*, may_continue: bool = True, budget: int = 1 << 30, **limits: Any) -> tuple[
     RequestReader, Taken, Written, SimpleNamespace
 ]:
     """A RequestReader on a stand-in server (its limits, body budget and coarse clock ``now``)."""
-    server = SimpleNamespace(limits=ConnectionLimits(**limits), body_budget=RequestBudget(budget), now=100.0)  # type: ignore[arg-type]
+    server = SimpleNamespace(limits=ConnectionLimits(**limits), body_budget=RequestBudget(budget), now=100.0)
     taken, written = Taken(may_continue), Written()
     return RequestReader(taken, server, written), taken, written, server  # type: ignore[arg-type]
 
