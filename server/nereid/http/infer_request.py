@@ -106,15 +106,8 @@ def parse_infer_body(
         outputs = _requested_outputs(root, spec, prefix, model_name, resolve_shm)
         arrays, rows = _checked_arrays(parsed, spec, model_name, prefix)
         request = InferRequest(
-            model_name=model_name,
-            inputs=arrays,
-            rows=rows,
-            id=request_id,
-            model_version=model_version,
-            outputs=outputs,
-            parameters=custom,
-            priority=priority,
-            timeout_us=timeout_us,
+            model_name=model_name, inputs=arrays, rows=rows, id=request_id, model_version=model_version,
+            outputs=outputs, parameters=custom, priority=priority, timeout_us=timeout_us,
             binary_data_output=binary_data_output,
         )
         return ParsedInfer(request, json_length, parsed, prefix)
@@ -230,9 +223,7 @@ def _parse_input(
         wire = member_str(entry, "datatype")
     shape, wide = _input_shape(entry)
     if name in parsed:
-        raise InvalidInputError(
-            f"{prefix}input '{name}' already exists in request", model=model_name, input=name
-        )
+        raise InvalidInputError(f"{prefix}input '{name}' already exists in request", model=model_name, input=name)
     dt = _input_datatype(wire, shape, wide, name, model_name)
     if has_binary:
         assert params is not None
