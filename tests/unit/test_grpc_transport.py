@@ -495,6 +495,9 @@ def test_the_native_server_reads_its_keepalive_from_the_options() -> None:
     from nereid.options import ServerOptions
 
     class Service:
+        class infer:  # noqa: N801  # ModelInfer: its start is taken, not called
+            start = None
+
         def __getattr__(self, name: str) -> Any:
             return lambda request, context: None
 

@@ -2,13 +2,13 @@
 
 Owns the listening socket, the calls of every connection and graceful shutdown. A call
 is routed by its ``:path`` to the service's method: ModelInfer goes from the bytes
-received straight to ``InferenceService.start_infer`` and its answer back through
+received straight to ``infer.ModelInfer.start`` and its answer back through
 ``GrpcConnection.respond`` (no task, Future or context per call); every other unary RPC
 runs its coroutine in a task with an ``AbortContext``, and ModelStreamInfer runs
 the service's generator over the messages as they arrive. ``grpc-timeout`` deadlines,
 the message size limit and the keep-alive PINGs of
 tritonserver's flags apply here. ``--grpc-server grpcio`` serves the same service on
-grpcio's server instead (``service.GrpcServer``).
+grpcio's server instead (``grpcio_server.GrpcServer``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2
 
 from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import NereidError
-from nereid.grpc.codec import status_of
+from nereid.grpc.infer import status_of
 from nereid.grpc.service import METHOD_GROUPS, AbortContext, CallAborted, InferenceService
 from nereid.grpc.h2.limits import TransportLimits
 from nereid.grpc.h2.connection import GrpcConnection, GrpcStream, Keepalive, PingPolicy, Status
@@ -145,6 +145,7 @@ class NativeGrpcServer:
         restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self._methods = self._method_table(service, restrictions)
         self._model_infer = self._methods[f"/{_SERVICE}/ModelInfer".encode()]
+        self._start_infer_call = service.infer.start
 
     @staticmethod
     def _method_table(service: InferenceService, restrictions: dict[str, Restriction]) -> dict[bytes, _Method]:
@@ -323,7 +324,7 @@ class NativeGrpcServer:
                 connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
 
         try:
-            ticket = self.service.start_infer(request, call.received_ns, answer)
+            ticket = self._start_infer_call(request, call.received_ns, answer)
         except NereidError as exc:
             self._fail(connection, stream, status_of(exc).value[0], exc.message)
             return

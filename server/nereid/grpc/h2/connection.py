@@ -1,43 +1,35 @@
 """GrpcConnection: gRPC's HTTP/2 on the asyncio loop, one protocol object per socket.
 
-The framing a gRPC server needs (RFC 9113, and gRPC's "PROTOCOL-HTTP2"), in three layers
-of one object: ``lifecycle.ConnectionLifecycle`` (state, opening, pausing, timers,
-closing), ``control.ControlFrames`` (SETTINGS, WINDOW_UPDATE, PING, RST_STREAM, GOAWAY,
-PRIORITY and the allowances that bound them) and this module's ``GrpcConnection``: the
-frames that carry calls. It reads frames and dispatches them; HEADERS and CONTINUATION
-open a stream (``headers.HeaderBlocks`` decodes them), DATA is cut into gRPC's
-length-prefixed messages (compressed ones inflated, ``compression``), the client's window
-is given back as messages are taken, and streams end. What a call means is the ``Calls``
-object's business (``native.py``): the connection tells it ``open`` (a request's
-headers), ``message``, ``end`` (the client half-closed) and ``reset`` (the client or the
-connection went away), and it answers with ``respond`` (one message and OK, one socket
-write when the windows allow), ``send_message`` and ``finish`` (the status trailers),
-which are the ``sender.Sender``'s.
-
-Every request byte is charged to the server's ``RequestBudget`` (shared with HTTP) from
-its message's prefix until its call is answered (a message of at most ``SMALL_REQUEST``
-bytes, which the budget never refuses, is only counted).
-
-Why it exists: grpcio's asyncio server spent about four fifths of nereid's CPU per
-ModelInfer on its own per-call machinery (perf/README.md); this one answers a call
-from the bytes received to one ``transport.write``, with no task or Future per call.
+Three layers of one object (RFC 9113 and gRPC's "PROTOCOL-HTTP2"): ``lifecycle``
+(state, opening, timers, closing), ``control`` (SETTINGS, WINDOW_UPDATE, PING,
+RST_STREAM, GOAWAY and their allowances) and this module: the frames that carry calls.
+HEADERS/CONTINUATION open a stream (``headers``), DATA is cut into gRPC's length-prefixed
+messages (``compression`` inflates), each charged to the server's ``RequestBudget`` until
+its call is answered (one of at most ``SMALL_REQUEST`` bytes is only counted), and the
+client's window is given back as they are taken. The ``Calls`` object (``native.py``) is
+told ``open``, ``message``, ``end`` and ``reset``, and answers with ``respond`` (one
+socket write when the windows allow), ``send_message`` and ``finish``: the Sender's.
+grpcio's asyncio server spent about four fifths of nereid's CPU per ModelInfer on its own
+per-call machinery (perf/README.md); this one has no task or Future per call.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
+from nereid.grpc.h2.calls import Calls, Status
 from nereid.grpc.h2.compression import INLINE_INFLATE, TooLarge, inflate, inflate_cap
 from nereid.grpc.h2.control import ControlFrames, PingPolicy
 from nereid.grpc.h2.frames import (
     FRAME_HEADER, MESSAGE_PREFIX, PREFACE, U32, ConnectionFailure, ErrorCode, Flag, FrameType, StreamFailure, frame,
+    unpad,
 )
-from nereid.grpc.h2.headers import CompressionFailure, HeaderBlocks, MalformedHeaders
+from nereid.grpc.h2.headers import CompressionFailure, HeaderBlocks, MalformedHeaders, PartialBlock
 from nereid.grpc.h2.lifecycle import ConnectionState, Keepalive
 from nereid.grpc.h2.limits import TransportLimits
 from nereid.grpc.h2.stream import GrpcStream, StreamState
-from nereid.network.request_budget import SMALL_REQUEST, RequestBudget
+from nereid.network.request_budget import SMALL_REQUEST
 
 __all__ = ["Calls", "ConnectionState", "GrpcConnection", "GrpcStream", "Keepalive", "PingPolicy", "Status",
            "MAX_CONCURRENT_STREAMS", "STREAM_HIGH_WATER", "INLINE_INFLATE"]
@@ -54,45 +46,6 @@ _END_STREAM, _END_HEADERS, _PADDED = int(Flag.END_STREAM), int(Flag.END_HEADERS)
 _ACK, _PRIORITY_FLAG = int(Flag.ACK), int(Flag.PRIORITY)
 #: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
 _SELF_DEPENDENT = 0x100
-
-
-class Status:
-    """gRPC status codes used here (grpc.StatusCode's numbers)."""
-
-    OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
-    RESOURCE_EXHAUSTED, INTERNAL, UNIMPLEMENTED, UNAVAILABLE = 8, 13, 12, 14
-
-
-class Calls(Protocol):
-    """What a connection tells about its calls (``native.NativeGrpcServer``), and the
-    server-wide settings, budget and coarse clock it reads."""
-
-    max_message_size: int
-    pings: PingPolicy
-    limits: TransportLimits
-    budget: RequestBudget
-    now: float
-
-    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
-    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None: ...
-    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
-    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None: ...
-    def closed(self, connection: GrpcConnection) -> None: ...
-    def offload(self, work: Callable[[], bytes | BaseException], done: Callable[[bytes | BaseException], None]) -> None:
-        """Run ``work`` off the loop, then ``done`` with its result on the loop."""
-
-
-class _PartialBlock:
-    """A header block arriving in CONTINUATION frames: its stream, its HEADERS frame's
-    flags, the bytes so far and how many CONTINUATION frames brought them."""
-
-    __slots__ = ("stream_id", "flags", "block", "continuations")
-
-    def __init__(self, stream_id: int, flags: int, first: bytes) -> None:
-        self.stream_id = stream_id
-        self.flags = flags
-        self.block = bytearray(first)
-        self.continuations = 0
 
 
 class GrpcConnection(ControlFrames):
@@ -112,7 +65,7 @@ class GrpcConnection(ControlFrames):
         limits = self._limits
         self._buffer = bytearray()
         self._blocks = HeaderBlocks(limits.max_header_list)
-        self._header_block: _PartialBlock | None = None
+        self._header_block: PartialBlock | None = None
         self._recv_window = limits.connection_window
         self._recv_unacked = 0
         #: a stream whose message is inflating off the loop, and whether its frame ended it
@@ -224,7 +177,7 @@ class GrpcConnection(ControlFrames):
         stream.recv_window -= size
         stream.unacked += size
         if flags & _PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         ended = bool(flags & _END_STREAM)
         if payload:
             inbox = stream.inbox
@@ -286,7 +239,8 @@ class GrpcConnection(ControlFrames):
             if not compressed:
                 self._deliver(stream, message)
             elif size <= INLINE_INFLATE:
-                self._inflated(stream, inflate(stream.inflate, message, self._inflate_cap()))
+                cap = inflate_cap(self._calls.max_message_size, self._calls.budget)
+                self._inflated(stream, inflate(stream.inflate, message, cap))
             else:
                 self._inflate_off_loop(stream, message)
                 return position
@@ -332,11 +286,8 @@ class GrpcConnection(ControlFrames):
         stream's next messages, and the frames after, keep their order)."""
         self._inflating = (stream, False)
         self._hold_reading("inflating")
-        encoding, cap = stream.inflate, self._inflate_cap()
+        encoding, cap = stream.inflate, inflate_cap(self._calls.max_message_size, self._calls.budget)
         self._calls.offload(lambda: inflate(encoding, message, cap), self._inflate_done)
-
-    def _inflate_cap(self) -> tuple[int, str]:
-        return inflate_cap(self._calls.max_message_size, self._calls.budget)
 
     def _inflate_done(self, result: bytes | BaseException) -> None:
         suspended = self._inflating
@@ -395,7 +346,7 @@ class GrpcConnection(ControlFrames):
         if not stream_id or not stream_id & 1:
             raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
         if flags & _PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         if flags & _PRIORITY_FLAG:
             if len(payload) < 5:
                 raise ConnectionFailure(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -405,7 +356,7 @@ class GrpcConnection(ControlFrames):
         if not flags & _END_HEADERS:
             if not payload:
                 self._idle_frame("empty frames")
-            self._header_block = _PartialBlock(stream_id, flags, payload)
+            self._header_block = PartialBlock(stream_id, flags, payload)
             return
         self._header_block_done(stream_id, flags, payload)
 
@@ -413,17 +364,10 @@ class GrpcConnection(ControlFrames):
         pending = self._header_block
         if pending is None or pending.stream_id != stream_id:
             raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
-        block = pending.block
-        block.extend(payload)
-        pending.continuations += 1
-        limits = self._limits
-        if len(block) > limits.max_header_list:
-            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, f"header block over {limits.max_header_list} bytes")
-        if pending.continuations > limits.max_continuations:
-            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, f"header block in over {limits.max_continuations} CONTINUATION frames")
+        pending.extend(payload, self._limits)
         if flags & _END_HEADERS:
             self._header_block = None
-            self._header_block_done(stream_id, pending.flags, bytes(block))
+            self._header_block_done(stream_id, pending.flags, bytes(pending.block))
         elif not payload:
             self._idle_frame("empty frames")
 
@@ -526,12 +470,3 @@ class GrpcConnection(ControlFrames):
             self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
         elif not stream_id:
             self._fail(ErrorCode.INTERNAL_ERROR, "internal error")
-
-
-def _unpad(payload: bytes) -> bytes:
-    if not payload:
-        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padded frame without its pad length")
-    pad = payload[0]
-    if pad >= len(payload):
-        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padding longer than the frame")
-    return payload[1:len(payload) - pad]

@@ -5,7 +5,8 @@ send), PING (answered, and policed as grpc's server does), RST_STREAM, GOAWAY, P
 and PUSH_PROMISE (RFC 9113 6.2-6.9), and the allowances that bound how much of this a
 client may send (``limits.TransportLimits``): a client past one is told GOAWAY
 ENHANCE_YOUR_CALM. ``GrpcConnection`` (``connection.py``) is this class with the frames
-that carry calls (HEADERS, CONTINUATION, DATA); none of these is on a unary call's path.
+that carry calls (HEADERS, CONTINUATION, DATA). Of these only WINDOW_UPDATE and PING are
+on a call's path (grpc-core clients send both with each call: BDP probing).
 It builds on ``lifecycle.ConnectionLifecycle``.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from nereid.grpc.h2.frames import (
-    MAX_MAX_FRAME, MAX_WINDOW, MIN_MAX_FRAME, SETTING, U32, ConnectionFailure, ErrorCode, Flag, FrameType, Setting,
+    FRAME_HEADER, MAX_MAX_FRAME, MAX_WINDOW, MIN_MAX_FRAME, SETTING, U32, ConnectionFailure, ErrorCode, Flag, FrameType, Setting,
     StreamFailure, frame,
 )
 from nereid.grpc.h2.lifecycle import ConnectionLifecycle, ConnectionState
@@ -23,11 +24,13 @@ from nereid.grpc.h2.limits import Allowance
 from nereid.grpc.h2.stream import GrpcStream
 
 if TYPE_CHECKING:
-    from nereid.grpc.h2.connection import Calls
+    from nereid.grpc.h2.calls import Calls
 
 __all__ = ["ControlFrames", "PingPolicy"]
 
 _ACK = int(Flag.ACK)
+#: the frame header of a PING's ACK (grpc-core clients send a PING with each call)
+_PING_ACK = FRAME_HEADER.pack(0, 8, FrameType.PING, _ACK, 0)
 #: the interval grpc asks between pings while no call is open (unless pings without calls
 #: are permitted)
 _PING_INTERVAL_WITHOUT_CALLS = 7200.0
@@ -138,7 +141,7 @@ class ControlFrames(ConnectionLifecycle):
             self.ping_sent_at = None
         else:
             self._police_ping()
-            self._write(frame(FrameType.PING, _ACK, 0, payload))
+            self._write(_PING_ACK + payload)
 
     def _police_ping(self) -> None:
         """grpc's ping policing (tritonserver's --grpc-http2-* flags): a PING sooner than

@@ -12,7 +12,7 @@ import struct
 __all__ = [
     "PREFACE", "FrameType", "Flag", "Setting", "ErrorCode", "FRAME_HEADER", "MESSAGE_PREFIX", "U32", "SETTING",
     "DEFAULT_WINDOW", "MAX_WINDOW", "MIN_MAX_FRAME", "MAX_MAX_FRAME", "frame", "data_frame_header", "hpack_int", "literal",
-    "percent_encoded", "RESPONSE_HEAD", "TRAILERS_OK", "ConnectionFailure", "StreamFailure",
+    "percent_encoded", "RESPONSE_HEAD", "TRAILERS_OK", "ConnectionFailure", "StreamFailure", "unpad",
 ]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -138,3 +138,13 @@ class StreamFailure(Exception):
         super().__init__(stream_id, code)
         self.stream_id = stream_id
         self.code = code
+
+
+def unpad(payload: bytes) -> bytes:
+    """A PADDED frame's payload without its pad length and padding (RFC 9113 6.1)."""
+    if not payload:
+        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padded frame without its pad length")
+    pad = payload[0]
+    if pad >= len(payload):
+        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1:len(payload) - pad]

@@ -25,7 +25,7 @@ from nereid.grpc.h2.sender import Sender
 from nereid.grpc.h2.stream import GrpcStream
 
 if TYPE_CHECKING:
-    from nereid.grpc.h2.connection import Calls
+    from nereid.grpc.h2.calls import Calls
 
 __all__ = ["ConnectionLifecycle", "ConnectionState", "Keepalive"]
 
