@@ -208,13 +208,7 @@ class NativeGrpcServer:
             self._sweeper.cancel()
         for connection in list(self.connections):
             connection.go_away()
-        await drain(self.connections, grace)
-        for connection in list(self.connections):
-            connection.close()
-        await asyncio.sleep(0)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain(self.connections, grace, force=lambda connection: connection.close(), tasks=self._tasks)
         await listener.wait_closed()
         if self._inflater is not None:
             self._inflater.shutdown(wait=False, cancel_futures=True)

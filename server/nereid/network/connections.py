@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Collection, Protocol, TypeVar
+from typing import Callable, Collection, TypeVar
 
 __all__ = ["ConnectionRefusals", "drain"]
 
@@ -51,26 +51,31 @@ class ConnectionRefusals:
         return f"server has {self.limit} open {self.protocol} connections, its limit ({self.flag}); retry later"
 
 
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
-
-_Connection = TypeVar("_Connection", bound=_Closable)
+_Connection = TypeVar("_Connection")
 
 
 async def drain(
-    connections: Collection[_Connection], grace: float, idle: Callable[[_Connection], bool] | None = None,
+    connections: Collection[_Connection], grace: float, *, force: Callable[[_Connection], None],
+    tasks: Collection[asyncio.Task[None]] = (), idle: Callable[[_Connection], bool] | None = None,
+    close: Callable[[_Connection], None] | None = None,
 ) -> None:
-    """Wait until ``connections`` is empty (each leaves it when it closes) or ``grace``
-    seconds have passed; on every look, close the connections ``idle`` says have nothing
-    in flight."""
+    """A server's shutdown, once it takes no new connections: wait until ``connections``
+    is empty (each leaves it when it closes) or ``grace`` seconds have passed, on every
+    look closing (``close``) those ``idle`` says have nothing in flight; then ``force``
+    the rest closed and cancel the handler ``tasks`` still running."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     while True:
-        if idle is not None:
+        if idle is not None and close is not None:
             for connection in list(connections):
                 if idle(connection):
-                    connection.close()
+                    close(connection)
         if not connections or loop.time() >= deadline:
-            return
+            break
         await asyncio.sleep(_DRAIN_POLL_S)
+    for connection in list(connections):
+        force(connection)
+    await asyncio.sleep(0)  # the closes reach the handlers first: most end on their own
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -181,11 +181,9 @@ class NativeServer:
     async def _drain_connections(self) -> None:
         """Close idle connections now, busy ones when their answer is out (or at the
         graceful timeout)."""
-        await drain(self.connections, self.graceful_timeout, idle=lambda connection: connection.idle)
-        for connection in list(self.connections):
-            connection.force_close()
         # Handlers still running (a stream whose client never left) end with their connection.
-        await asyncio.sleep(0)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain(
+            self.connections, self.graceful_timeout, idle=lambda connection: connection.idle,
+            close=lambda connection: connection.close(), force=lambda connection: connection.force_close(),
+            tasks=self._tasks,
+        )
