@@ -79,61 +79,12 @@ ENGINES = ("native", "grpcio")
 # ---------------------------------------------------------------------------------------
 # frames, built by hand (the floods must send what a well-behaved client library never would)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM = ACK = 0x1
-END_HEADERS = 0x4
-CANCEL = 8
-ERROR_CODES = (
-    "NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT", "STREAM_CLOSED",
-    "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR", "CONNECT_ERROR", "ENHANCE_YOUR_CALM",
-    "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED",
+from h2_rfc_probe import (  # noqa: E402  # the RFC probe's hand-built frames, shared
+    ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MODEL_INFER, PING, PREFACE, RST_STREAM,
+    SETTINGS, WINDOW_UPDATE, code_name, frame, grpc_message, header_block, request_headers,
 )
-MODEL_INFER = b"/inference.GRPCInferenceService/ModelInfer"
+
 MODEL_STREAM_INFER = b"/inference.GRPCInferenceService/ModelStreamInfer"
-SERVER_LIVE = b"/inference.GRPCInferenceService/ServerLive"
-
-
-def code_name(code: int) -> str:
-    return ERROR_CODES[code] if code < len(ERROR_CODES) else f"0x{code:x}"
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    size = len(payload)
-    return struct.pack(">BHBBL", size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
-
-
-def grpc_message(body: bytes, compressed: bool = False, declared: int | None = None) -> bytes:
-    return struct.pack(">BL", int(compressed), len(body) if declared is None else declared) + body
-
-
-def _hpack_int(value: int, prefix_bits: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((value,))
-    out = bytearray((limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """HPACK literals "without indexing, new name", no Huffman: stateless, so one block can
-    be sent on any connection, any number of times."""
-    return b"".join(
-        b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value for name, value in headers
-    )
-
-
-def request_headers(authority: bytes, path: bytes, extra: list[tuple[bytes, bytes]] | None = None
-                    ) -> list[tuple[bytes, bytes]]:
-    return [
-        (b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", authority),
-        (b"content-type", b"application/grpc"), (b"te", b"trailers"), *(extra or []),
-    ]
 
 
 def infer_request() -> bytes:

@@ -36,7 +36,7 @@ from nereid.network.tls import TlsFiles, reload_certificate, server_context
 
 if TYPE_CHECKING:
     from nereid.grpc.native import NativeGrpcServer
-    from nereid.grpc.service import GrpcServer
+    from nereid.grpc.grpcio_server import GrpcServer
 
 __all__ = ["Server", "StartupError", "format_model_table"]
 
@@ -208,7 +208,8 @@ class Server(InProcessServer):
         if not options.allow_grpc:
             return None
         from nereid.grpc.native import NativeGrpcServer  # gRPC's modules load only when serving gRPC
-        from nereid.grpc.service import GrpcServer, InferenceService
+        from nereid.grpc.grpcio_server import GrpcServer
+        from nereid.grpc.service import InferenceService
 
         service = InferenceService(self.manager, options, self.shm)
         server: GrpcServer | NativeGrpcServer

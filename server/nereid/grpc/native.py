@@ -1,14 +1,14 @@
-"""NativeGrpcServer: the InferenceService on nereid's own gRPC transport (``transport.py``).
+"""NativeGrpcServer: the InferenceService on nereid's own gRPC transport (``h2/``).
 
 Owns the listening socket, the calls of every connection and graceful shutdown. A call
 is routed by its ``:path`` to the service's method: ModelInfer goes from the bytes
-received straight to ``InferenceService.start_infer`` and its answer back through
+received straight to ``infer.ModelInfer.start`` and its answer back through
 ``GrpcConnection.respond`` (no task, Future or context per call); every other unary RPC
 runs its coroutine in a task with an ``AbortContext``, and ModelStreamInfer runs
 the service's generator over the messages as they arrive. ``grpc-timeout`` deadlines,
 the message size limit and the keep-alive PINGs of
 tritonserver's flags apply here. ``--grpc-server grpcio`` serves the same service on
-grpcio's server instead (``service.GrpcServer``).
+grpcio's server instead (``grpcio_server.GrpcServer``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from tritonclient.grpc import service_pb2
 
 from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import NereidError
-from nereid.grpc.codec import status_of
+from nereid.grpc.infer import status_of
 from nereid.grpc.service import METHOD_GROUPS, AbortContext, CallAborted, InferenceService
 from nereid.grpc.h2.limits import TransportLimits
-from nereid.grpc.h2.connection import GrpcConnection, GrpcStream, PingPolicy, Status
+from nereid.grpc.h2.connection import GrpcConnection, GrpcStream, Keepalive, PingPolicy, Status
+from nereid.grpc.h2.stream import StreamState
+from nereid.network.connections import ConnectionRefusals, drain
 from nereid.network.listening import listen
 from nereid.options import ServerOptions
 from nereid.network.request_budget import RequestBudget
@@ -119,9 +121,10 @@ class NativeGrpcServer:
         self.address = options.http_address
         self.requested_port = options.grpc_port
         self.max_message_size = options.grpc_max_message_size
-        self.keepalive_time = options.grpc_keepalive_time / 1000
-        self.keepalive_timeout = options.grpc_keepalive_timeout / 1000
-        self.keepalive_without_calls = options.grpc_keepalive_permit_without_calls
+        self.keepalive = Keepalive(
+            time=options.grpc_keepalive_time / 1000, timeout=options.grpc_keepalive_timeout / 1000,
+            without_calls=options.grpc_keepalive_permit_without_calls,
+        )
         self.pings = PingPolicy(
             min_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
             max_strikes=options.grpc_http2_max_ping_strikes,
@@ -132,12 +135,17 @@ class NativeGrpcServer:
         self.now = clock()
         self.port: int | None = None
         self.connections: set[GrpcConnection] = set()
+        #: connections refused at --grpc-max-connections
+        self.refused_connections = ConnectionRefusals(
+            "gRPC", "--grpc-max-connections", "GOAWAY", self.limits.max_connections, clock,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self._methods = self._method_table(service, restrictions)
         self._model_infer = self._methods[f"/{_SERVICE}/ModelInfer".encode()]
+        self._start_infer_call = service.infer.start
 
     @staticmethod
     def _method_table(service: InferenceService, restrictions: dict[str, Restriction]) -> dict[bytes, _Method]:
@@ -169,7 +177,8 @@ class NativeGrpcServer:
     def _connection(self) -> GrpcConnection:
         refusal = None
         if len(self.connections) >= self.limits.max_connections:
-            refusal = f"server has {self.limits.max_connections} open gRPC connections, its limit (--grpc-max-connections)"
+            self.refused_connections.refused()
+            refusal = self.refused_connections.message()
         if self.tls is not None:
             return _TlsConnection(self, refusal)  # counted once its handshake is done
         connection = GrpcConnection(self, refusal=refusal)
@@ -199,35 +208,17 @@ class NativeGrpcServer:
             self._sweeper.cancel()
         for connection in list(self.connections):
             connection.go_away()
-        deadline = time.monotonic() + grace
-        while self.connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for connection in list(self.connections):
-            connection.close()
-        await asyncio.sleep(0)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain(self.connections, grace, force=lambda connection: connection.close(), tasks=self._tasks)
         await listener.wait_closed()
         if self._inflater is not None:
             self._inflater.shutdown(wait=False, cancel_futures=True)
 
     def _sweep(self) -> None:
-        """Move ``now``; PING connections quiet for --grpc-keepalive-time, close those
-        that leave a PING unanswered for --grpc-keepalive-timeout."""
+        """Move ``now`` and let every connection look at its timers (handshake, stalled
+        client, idle, keep-alive PING: ``ConnectionLifecycle.tick``)."""
         self.now = now = self.clock()
         for connection in list(self.connections):
-            connection.tick(now)
-            if connection.gone:
-                continue
-            if connection.ping_sent_at is not None:
-                if now - connection.ping_sent_at >= self.keepalive_timeout:
-                    _log.info("gRPC: closing a connection that did not answer a keep-alive PING")
-                    connection.close()
-            elif now - connection.last_heard >= self.keepalive_time and (
-                connection.streams or self.keepalive_without_calls
-            ):
-                connection.ping(now)
+            connection.tick(now, self.keepalive)
         if self._listener is not None:
             self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
 
@@ -327,7 +318,7 @@ class NativeGrpcServer:
                 connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
 
         try:
-            ticket = self.service.start_infer(request, call.received_ns, answer)
+            ticket = self._start_infer_call(request, call.received_ns, answer)
         except NereidError as exc:
             self._fail(connection, stream, status_of(exc).value[0], exc.message)
             return
@@ -378,7 +369,7 @@ class NativeGrpcServer:
         starts leaves no coroutine behind that was never awaited)."""
         task = asyncio.get_running_loop().create_task(self._guarded(connection, stream, function, args))
         call: _Call = stream.call
-        if stream.call is call and not stream.finished:
+        if stream.call is call and stream.state is not StreamState.CLOSED:
             call.running = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

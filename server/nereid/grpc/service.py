@@ -1,47 +1,36 @@
-"""InferenceService: Triton's ``inference.GRPCInferenceService`` on grpcio's asyncio server.
+"""InferenceService: every RPC of Triton's ``inference.GRPCInferenceService``, as both gRPC
+engines serve it (``grpcio_server.GrpcServer``, ``native.NativeGrpcServer``; Ray's gRPC
+proxy too).
 
-Every RPC of Triton's service, with the generated stubs tritonclient ships. The admin
-RPCs are ``nereid.models.admin``'s answers (the same as HTTP's, turned into messages); infer
-decodes with ``codec.decode_request``, goes through the model's batcher like every other
-request (``ServingModel.infer``) and encodes with ``codec.encode_response``.
+The generated stubs tritonclient ships give the messages. The admin RPCs are
+``nereid.models.admin``'s answers (the same as HTTP's, turned into messages); ModelInfer
+is ``infer.ModelInfer`` (decode, submit through the model's batcher, encode).
 ModelStreamInfer answers a non-decoupled model's requests in the order they came (a
 request whose answer is an error gets an in-band ``error_message``, and the stream goes
 on), and a decoupled model's steps as they come, each flagged
-``triton_final_response`` as Triton does. ``GrpcServer`` runs it on the server's loop.
+``triton_final_response`` as Triton does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-import weakref
 from collections.abc import AsyncIterator
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from nereid.models import admin
-from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
-from nereid.grpc.codec import decode_request, encode_response, status_of
+from nereid.grpc.infer import ModelInfer, decode_request, encode_response, status_of
 from nereid.log import LogSettings, apply_log_settings, log_settings
+from nereid.models import admin
 from nereid.models.manager import ModelManager, ServingModel
-from nereid.models.serving import Ticket
-from nereid.tensors.tables import ModelTables
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
-from nereid.network.tls import TlsFiles
 
-__all__ = ["AbortContext", "CallAborted", "GrpcServer", "InferenceService", "METHOD_GROUPS"]
-
-_log = logging.getLogger("nereid")
-
-#: How ``start_infer`` answers: (the ModelInferResponse, None) or (None, the error).
-OnResponse = Callable[[Any, "BaseException | None"], None]
+__all__ = ["AbortContext", "CallAborted", "InferenceService", "METHOD_GROUPS"]
 
 #: The restricted group (--grpc-restricted-protocol) of each RPC, as Triton groups them.
 METHOD_GROUPS = {
@@ -103,7 +92,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self.manager = manager
         self.options = options
         self.shm = shm
-        self._tables: weakref.WeakKeyDictionary[ServingModel, ModelTables] = weakref.WeakKeyDictionary()
+        #: ModelInfer's path (the native engine calls its ``start`` straight from the bytes)
+        self.infer = ModelInfer(manager, shm)
         self._trace: dict[str, list[str]] = {
             "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"], "log_frequency": ["0"],
             "trace_file": [""], "trace_mode": ["triton"],
@@ -163,69 +153,28 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         return _json_message({"models": index}, service_pb2.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        params = {key: _parameter(value) for key, value in request.parameters.items()}
-        try:
-            await admin.load_model(self.manager, request.model_name, params, request.repository_name)
-        except NereidError as exc:
-            return await _abort(context, exc)
-        return service_pb2.RepositoryModelLoadResponse()
+        return await self._repository_change(admin.load_model, request, context, service_pb2.RepositoryModelLoadResponse)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        return await self._repository_change(
+            admin.unload_model, request, context, service_pb2.RepositoryModelUnloadResponse
+        )
+
+    async def _repository_change(
+        self, change: Callable[..., Awaitable[Any]], request: Any, context: Any, response_type: Any,
+    ) -> Any:
+        """Load or unload a model (``change``) with the request's parameters."""
         params = {key: _parameter(value) for key, value in request.parameters.items()}
         try:
-            await admin.unload_model(self.manager, request.model_name, params, request.repository_name)
+            await change(self.manager, request.model_name, params, request.repository_name)
         except NereidError as exc:
             return await _abort(context, exc)
-        return service_pb2.RepositoryModelUnloadResponse()
+        return response_type()
 
     # -- infer -------------------------------------------------------------------------------
 
-    def _tables_of(self, serving: ServingModel) -> ModelTables:
-        """The version's tables, made once (held weakly: they go with the version)."""
-        tables = self._tables.get(serving)
-        if tables is None:
-            tables = self._tables[serving] = ModelTables.for_config(serving.config)
-        return tables
-
-    def _serving(self, request: Any) -> ServingModel:
-        return self.manager.get(request.model_name, admin.parse_version(request.model_version))
-
-    def start_infer(self, request: Any, received_ns: int, answer: OnResponse) -> Ticket:
-        """ModelInfer's one path: decode, queue, and (from the batch that answers it) encode.
-        ``answer(response, error)`` is called once (error: a NereidError, or the
-        CancelledError of a withdrawn ticket); what is refused before queueing raises
-        NereidError instead. ``ticket.withdraw()`` if the caller goes away."""
-        serving = self._serving(request)
-        if serving.config.decoupled:
-            raise UnsupportedError(
-                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{serving.name}'); "
-                "use ModelStreamInfer"
-            )
-        codec = self._tables_of(serving)
-        lease = self.shm.lease()
-
-        def on_answer(outputs: Any, error: BaseException | None) -> None:
-            response = None
-            try:
-                if error is None:
-                    response = encode_response(
-                        outputs, infer_request, codec, serving.version, serving.labels, lease.write
-                    )
-            except NereidError as exc:
-                error = exc
-            finally:
-                lease.release()
-            answer(response, error)
-
-        try:
-            infer_request = decode_request(request, codec, serving.version, lease.resolve)
-            return serving.submit(infer_request, received_ns, on_answer)
-        except BaseException:
-            lease.release()
-            raise
-
     async def _infer(self, request: Any, received_ns: int) -> Any:
-        """``start_infer`` awaited. Raises NereidError."""
+        """``ModelInfer.start`` awaited. Raises NereidError."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def answer(response: Any, error: BaseException | None) -> None:
@@ -235,7 +184,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 else:
                     future.set_exception(error)
 
-        ticket = self.start_infer(request, received_ns, answer)
+        ticket = self.infer.start(request, received_ns, answer)
         try:
             return await future
         except asyncio.CancelledError:
@@ -286,7 +235,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         async def run() -> None:
             try:
-                serving = self._serving(request)
+                serving = self.infer.serving(request)
                 if not serving.config.decoupled:
                     response = await self._infer(request, received_ns)
                     response.parameters["triton_final_response"].bool_param = True
@@ -317,7 +266,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         """A decoupled model's steps, each sent as it is made with ``triton_final_response``
         false; then, when the client asks for it (``triton_enable_empty_final_response``),
         an empty response flagged final, as Triton sends them."""
-        codec = self._tables_of(serving)
+        codec = self.infer.tables(serving)
         empty_final = "triton_enable_empty_final_response" in request.parameters and bool(
             _parameter(request.parameters["triton_enable_empty_final_response"])
         )
@@ -428,151 +377,4 @@ def _parameter(value: Any) -> Any:
     kind = value.WhichOneof("parameter_choice")
     return getattr(value, kind) if kind is not None else None
 
-
-def _handlers(service: InferenceService, restrictions: dict[str, Restriction], refusals: Refusals) -> Any:
-    """The service's method handlers, as the generated ``add_..._to_server`` makes them,
-    except that requests arrive as bytes and are parsed in the handler: a message that
-    does not parse is INTERNAL "Unable to parse request", as Triton answers (grpcio's
-    own deserializer failure would be UNKNOWN). A method of a restricted group checks
-    its metadata key first."""
-    descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
-    for method in descriptor.methods:
-        request_type = getattr(service_pb2, method.input_type.name)
-        response_type = getattr(service_pb2, method.output_type.name)
-        implementation = getattr(service, method.name)
-        group = METHOD_GROUPS[method.name]
-        restriction = restrictions.get(group)
-        if restriction is not None:
-            implementation = _restricted(implementation, restriction, group, refusals, method.server_streaming)
-        if method.server_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _parsing_stream(implementation, request_type), response_serializer=response_type.SerializeToString
-            )
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _parsing(implementation, request_type), response_serializer=response_type.SerializeToString
-            )
-    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
-
-
-def _restricted(implementation: Any, restriction: Restriction, group: str, refusals: Refusals, streaming: bool) -> Any:
-    """``implementation`` ending calls without ``restriction``'s metadata key with
-    UNAVAILABLE, as Triton does."""
-
-    def allowed(context: Any) -> bool:
-        presented = None
-        for key, value in context.invocation_metadata() or ():
-            if key == restriction.name:
-                presented = value
-                break
-        if restriction.allows(presented):
-            return True
-        refusals.count("grpc", group)
-        return False
-
-    if streaming:
-        async def stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-            if not allowed(context):
-                await context.abort(grpc.StatusCode.UNAVAILABLE, restriction.grpc_message())
-            async for response in implementation(requests, context):
-                yield response
-
-        return stream
-
-    async def unary(request: Any, context: Any) -> Any:
-        if not allowed(context):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, restriction.grpc_message())
-        return await implementation(request, context)
-
-    return unary
-
-
-def _parsing(implementation: Any, request_type: Any) -> Any:
-    async def handle(data: bytes, context: Any) -> Any:
-        try:
-            request = request_type.FromString(data)
-        except DecodeError:
-            await context.abort(grpc.StatusCode.INTERNAL, "Unable to parse request")
-        return await implementation(request, context)
-
-    return handle
-
-
-def _parsing_stream(implementation: Any, request_type: Any) -> Any:
-    async def handle(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-        async def parsed() -> AsyncIterator[Any]:
-            async for data in requests:
-                try:
-                    yield request_type.FromString(data)
-                except DecodeError:
-                    await context.abort(grpc.StatusCode.INTERNAL, "Unable to parse request")
-
-        async for response in implementation(parsed(), context):
-            yield response
-
-    return handle
-
-
-def _credentials(files: TlsFiles) -> Any:
-    """grpcio's server credentials from the --grpc-* TLS files (checked by server_context
-    first, so they exist and parse)."""
-    assert files.cert is not None and files.key is not None
-    root = files.root.read_bytes() if files.root is not None else None
-    return grpc.ssl_server_credentials(
-        [(files.key.read_bytes(), files.cert.read_bytes())], root_certificates=root, require_client_auth=files.mutual,
-    )
-
-
-class GrpcServer:
-    """The gRPC listener of one nereid server, on its event loop."""
-
-    def __init__(
-        self, service: InferenceService, options: ServerOptions, tls: TlsFiles | None = None,
-        refusals: Refusals | None = None,
-    ) -> None:
-        self.service = service
-        #: --grpc-use-ssl: the files grpcio's credentials are read from (None: plaintext)
-        self.tls = tls
-        self.refusals = refusals if refusals is not None else Refusals()
-        self.restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
-        self.address = options.http_address
-        self.requested_port = options.grpc_port
-        self.options = [
-            ("grpc.max_send_message_length", options.grpc_max_message_size),
-            ("grpc.max_receive_message_length", options.grpc_max_message_size),
-            ("grpc.keepalive_time_ms", options.grpc_keepalive_time),
-            ("grpc.keepalive_timeout_ms", options.grpc_keepalive_timeout),
-            ("grpc.keepalive_permit_without_calls", int(options.grpc_keepalive_permit_without_calls)),
-            ("grpc.http2.max_pings_without_data", options.grpc_http2_max_pings_without_data),
-            ("grpc.http2.min_ping_interval_without_data_ms", options.grpc_http2_min_recv_ping_interval_without_data),
-            ("grpc.http2.max_ping_strikes", options.grpc_http2_max_ping_strikes),
-            ("grpc.so_reuseport", 0),
-        ]
-        self.port: int | None = None
-        self._server: grpc.aio.Server | None = None
-
-    async def start(self) -> int:
-        """Listen; the bound port (0 picks one). OSError when it cannot be bound."""
-        server = grpc.aio.server(options=self.options)
-        server.add_generic_rpc_handlers((_handlers(self.service, self.restrictions, self.refusals),))
-        where = f"{self.address}:{self.requested_port}"
-        try:
-            if self.tls is None:
-                port = int(server.add_insecure_port(where))
-            else:
-                port = int(server.add_secure_port(where, _credentials(self.tls)))
-        except RuntimeError as exc:  # grpcio's "Failed to bind"
-            raise OSError(f"cannot listen on {where} for gRPC: {exc}") from exc
-        if port == 0 and self.requested_port != 0:
-            raise OSError(f"cannot listen on {where} for gRPC (address in use?)")
-        await server.start()
-        self._server = server
-        self.port = port
-        return port
-
-    async def stop(self, grace: float) -> None:
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
 

@@ -1,7 +1,8 @@
 """HTTP/2's wire vocabulary as gRPC uses it: frame types, flags, settings, error codes
 (RFC 9113 sections 6, 6.5.2 and 7), and the few byte strings nereid writes itself (frame
 headers, HPACK literals that leave the peer's decoder table alone, gRPC's message prefix
-and percent-encoded grpc-message)."""
+and percent-encoded grpc-message), and the two failures a frame can cause (RFC 9113 5.4):
+``ConnectionFailure`` (GOAWAY, the connection closes) and ``StreamFailure`` (RST_STREAM)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import struct
 __all__ = [
     "PREFACE", "FrameType", "Flag", "Setting", "ErrorCode", "FRAME_HEADER", "MESSAGE_PREFIX", "U32", "SETTING",
     "DEFAULT_WINDOW", "MAX_WINDOW", "MIN_MAX_FRAME", "MAX_MAX_FRAME", "frame", "data_frame_header", "hpack_int", "literal",
-    "percent_encoded", "RESPONSE_HEAD", "TRAILERS_OK",
+    "percent_encoded", "RESPONSE_HEAD", "TRAILERS_OK", "ConnectionFailure", "StreamFailure", "unpad",
 ]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -117,3 +118,33 @@ def percent_encoded(message: str) -> bytes:
     return b"".join(
         bytes((byte,)) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in data
     )
+
+
+class ConnectionFailure(Exception):
+    """A connection error (RFC 9113 5.4.1): the client is told GOAWAY ``code`` with
+    ``reason``, and the connection closes."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class StreamFailure(Exception):
+    """A stream error (RFC 9113 5.4.2): the stream is reset with ``code``; the
+    connection goes on."""
+
+    def __init__(self, stream_id: int, code: int) -> None:
+        super().__init__(stream_id, code)
+        self.stream_id = stream_id
+        self.code = code
+
+
+def unpad(payload: bytes) -> bytes:
+    """A PADDED frame's payload without its pad length and padding (RFC 9113 6.1)."""
+    if not payload:
+        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padded frame without its pad length")
+    pad = payload[0]
+    if pad >= len(payload):
+        raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1:len(payload) - pad]

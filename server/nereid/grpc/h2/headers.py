@@ -1,5 +1,6 @@
 """HeaderBlocks: a connection's HPACK decoder, with a cache for the blocks clients repeat,
-and the checks RFC 9113 8.2-8.3 makes of a request's header list.
+and the checks RFC 9113 8.2-8.3 makes of a request's header list; PartialBlock, a block
+arriving in CONTINUATION frames.
 
 Clients send the same header block for call after call (grpc-core indexes its headers once,
 then refers to them). A block seen before is not decoded again while the decoder's table
@@ -16,7 +17,10 @@ from typing import Iterable
 import hpack
 from hpack.table import HeaderTable
 
-__all__ = ["HeaderBlocks", "MalformedHeaders", "CompressionFailure"]
+from nereid.grpc.h2.frames import ConnectionFailure, ErrorCode
+from nereid.grpc.h2.limits import TransportLimits
+
+__all__ = ["HeaderBlocks", "MalformedHeaders", "CompressionFailure", "PartialBlock"]
 
 #: Header blocks remembered per connection, and the largest one remembered.
 MAX_CACHED_BLOCKS = 32
@@ -32,6 +36,32 @@ class MalformedHeaders(Exception):
 
 class CompressionFailure(Exception):
     """The block cannot be decoded (a connection error, COMPRESSION_ERROR)."""
+
+
+class PartialBlock:
+    """A header block arriving in CONTINUATION frames: its stream, its HEADERS frame's
+    flags, the bytes so far and how many CONTINUATION frames brought them."""
+
+    __slots__ = ("stream_id", "flags", "block", "continuations")
+
+    def __init__(self, stream_id: int, flags: int, first: bytes) -> None:
+        self.stream_id = stream_id
+        self.flags = flags
+        self.block = bytearray(first)
+        self.continuations = 0
+
+    def extend(self, fragment: bytes, limits: TransportLimits) -> None:
+        """One more CONTINUATION's fragment; a block past the header list size or the
+        CONTINUATION count a client may use is a connection error (ENHANCE_YOUR_CALM:
+        CVE-2024-27316's family)."""
+        self.block += fragment
+        self.continuations += 1
+        if len(self.block) > limits.max_header_list:
+            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, f"header block over {limits.max_header_list} bytes")
+        if self.continuations > limits.max_continuations:
+            raise ConnectionFailure(
+                ErrorCode.ENHANCE_YOUR_CALM, f"header block in over {limits.max_continuations} CONTINUATION frames"
+            )
 
 
 class _CountingTable(HeaderTable):

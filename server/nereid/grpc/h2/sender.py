@@ -5,25 +5,35 @@ to the socket, so the answers of one batch leave in one send. Answers are cut to
 client's windows (its connection's and each stream's) and to the largest frame it allows;
 a stream with bytes the windows hold back waits in ``blocked`` until a WINDOW_UPDATE or a
 SETTINGS change lets them out. A stream's trailers follow its last message; writing them
-closes the stream (``stream_done``, the connection's).
+closes the stream (``stream_done``, the connection's). Frame headers are packed here with
+precompiled structs: an answer's HEADERS, DATA header and message prefix are one ``pack``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any, Callable
 
 from nereid.grpc.h2.frames import (
-    DEFAULT_WINDOW, MESSAGE_PREFIX, MIN_MAX_FRAME, RESPONSE_HEAD, TRAILERS_OK, Flag, FrameType, data_frame_header,
-    frame, literal, percent_encoded,
+    DEFAULT_WINDOW, FRAME_HEADER, MESSAGE_PREFIX, MIN_MAX_FRAME, RESPONSE_HEAD, TRAILERS_OK, Flag, FrameType, frame, literal,
+    percent_encoded,
 )
 from nereid.grpc.h2.stream import GrpcStream, ResponsePhase, StreamState
 
 __all__ = ["Sender"]
 
-_HEADERS, _CONTINUATION = FrameType.HEADERS, FrameType.CONTINUATION
-_END_STREAM, _END_HEADERS = int(Flag.END_STREAM), int(Flag.END_HEADERS)  # plain ints: IntFlag's | runs in Python
+# plain ints: IntEnum's and IntFlag's | run in Python
+_DATA, _HEADERS, _CONTINUATION = int(FrameType.DATA), int(FrameType.HEADERS), int(FrameType.CONTINUATION)
+_END_STREAM, _END_HEADERS = int(Flag.END_STREAM), int(Flag.END_HEADERS)
 _STATUS_OK = 0
+_HEAD_SIZE, _TRAILERS_SIZE = len(RESPONSE_HEAD), len(TRAILERS_OK)
+#: an answer's start: the HEADERS frame of ``RESPONSE_HEAD``, then the DATA frame header
+#: and the gRPC message prefix of its one message
+_ANSWER_START = struct.Struct(f">BHBBL{_HEAD_SIZE}sBHBBLBL")
+#: the HEADERS frame of ``TRAILERS_OK`` (status OK, end of stream)
+_ANSWER_END = struct.Struct(f">BHBBL{_TRAILERS_SIZE}s")
+_pack_frame_header = FRAME_HEADER.pack
 
 
 class Sender:
@@ -31,7 +41,7 @@ class Sender:
     size, the streams waiting for window."""
 
     __slots__ = ("_transport", "_schedule", "_out", "_stream_done", "send_window", "peer_stream_window",
-                 "peer_max_frame", "blocked", "closed", "active")
+                 "peer_max_frame", "blocked", "sent")
 
     def __init__(self, schedule: Callable[[Callable[[], None]], Any] | None, stream_done: Callable[[GrpcStream], None]) -> None:
         self._transport: Any = None
@@ -43,9 +53,8 @@ class Sender:
         self.peer_stream_window = DEFAULT_WINDOW
         self.peer_max_frame = MIN_MAX_FRAME
         self.blocked: dict[int, GrpcStream] = {}
-        self.closed = False
-        #: HEADERS or DATA went out since the connection last looked (its ping policy)
-        self.active = False
+        #: responses begun (HEADERS or DATA out): a PING policy counts pings between them
+        self.sent = 0
 
     def attach(self, transport: Any) -> None:
         self._transport = transport
@@ -64,7 +73,7 @@ class Sender:
 
     def send_out(self) -> None:
         out, self._out = self._out, None
-        if out and not self.closed:
+        if out and not self._transport.is_closing():
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def respond(self, stream: GrpcStream, message: bytes) -> None:
@@ -72,7 +81,7 @@ class Sender:
         the windows and one of the client's frames, as an infer answer usually does."""
         if stream.state is StreamState.CLOSED:
             return
-        self.active = True
+        self.sent += 1
         size = len(message) + 5
         if (
             stream.phase is ResponsePhase.NOTHING_SENT and size <= self.peer_max_frame
@@ -81,9 +90,12 @@ class Sender:
             self.send_window -= size
             stream_id = stream.id
             self.write(b"".join((
-                frame(_HEADERS, _END_HEADERS, stream_id, RESPONSE_HEAD),
-                data_frame_header(size, stream_id), MESSAGE_PREFIX.pack(0, size - 5), message,
-                frame(_HEADERS, _END_HEADERS | _END_STREAM, stream_id, TRAILERS_OK),
+                _ANSWER_START.pack(
+                    0, _HEAD_SIZE, _HEADERS, _END_HEADERS, stream_id, RESPONSE_HEAD,
+                    size >> 16, size & 0xFFFF, _DATA, 0, stream_id, 0, size - 5,
+                ),
+                message,
+                _ANSWER_END.pack(0, _TRAILERS_SIZE, _HEADERS, _END_HEADERS | _END_STREAM, stream_id, TRAILERS_OK),
             )))
             self._stream_done(stream)
             return
@@ -94,7 +106,7 @@ class Sender:
         """Queue one response message (sent as the client's window allows)."""
         if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
             return
-        self.active = True
+        self.sent += 1
         if stream.phase is ResponsePhase.NOTHING_SENT:
             stream.phase = ResponsePhase.HEADERS_SENT
             self.write(frame(_HEADERS, _END_HEADERS, stream.id, RESPONSE_HEAD))
@@ -137,7 +149,7 @@ class Sender:
                 return
             chunk = pending[0]
             size = min(allowed, len(chunk))
-            write(data_frame_header(size, stream.id) + chunk[:size])
+            write(_pack_frame_header(size >> 16, size & 0xFFFF, _DATA, 0, stream.id) + chunk[:size])
             if size == len(chunk):
                 pending.popleft()
             else:

@@ -17,7 +17,6 @@ Knows nothing about models: what an infer request means is ``Endpoints``' busine
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 import ssl
@@ -30,14 +29,10 @@ from nereid.http.h1.asgi_bridge import Lifespan
 from nereid.http.h1.limits import ConnectionLimits
 from nereid.http.h1.connection import Connection
 from nereid.http.h1.heads import encode_repeat_head
+from nereid.network.connections import ConnectionRefusals, drain
 from nereid.network.request_budget import RequestBudget
 
 __all__ = ["NativeServer", "ShortcutCounters"]
-
-_log = logging.getLogger("nereid")
-
-#: The connection limit is logged at most once per this many seconds.
-_REFUSAL_LOG_EVERY_S = 60.0
 
 #: URLs whose infer route the server remembers, and reply_repeat heads it keeps encoded
 #: (each cleared when full).
@@ -76,8 +71,7 @@ class NativeServer:
         #: the coarse time of the connections' timers (set by ``sweep``)
         self.now = clock()
         #: connections refused at the connection limit
-        self.refused_connections = 0
-        self._refusal_logged_at: float | None = None
+        self.refusals = ConnectionRefusals("HTTP", "--http-max-connections", "503", self.limits.max_connections, clock)
         self.graceful_timeout = graceful_timeout
         self.match_repeats = match_repeats
         self.connections: set[Connection] = set()
@@ -116,17 +110,14 @@ class NativeServer:
         routes[url] = route
         return route
 
+    @property
+    def refused_connections(self) -> int:
+        return self.refusals.count
+
     def refused_connection(self) -> None:
         """A connection arrived past ``limits.max_connections`` (it gets 503): logged,
         at most once a minute, with how many were refused."""
-        self.refused_connections += 1
-        now = self.clock()
-        if self._refusal_logged_at is None or now - self._refusal_logged_at >= _REFUSAL_LOG_EVERY_S:
-            self._refusal_logged_at = now
-            _log.warning(
-                "HTTP: %d open connections, the limit (--http-max-connections): refusing new ones with 503 "
-                "(%d refused so far)", self.limits.max_connections, self.refused_connections,
-            )
+        self.refusals.refused()
 
     def sweep(self) -> None:
         """Move ``now`` and let every connection check its timers (head, body, reading,
@@ -190,18 +181,9 @@ class NativeServer:
     async def _drain_connections(self) -> None:
         """Close idle connections now, busy ones when their answer is out (or at the
         graceful timeout)."""
-        deadline = self.loop.time() + self.graceful_timeout
-        while True:
-            for connection in list(self.connections):
-                if connection.idle:
-                    connection.close()
-            if not self.connections or self.loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.02)
-        for connection in list(self.connections):
-            connection.force_close()
         # Handlers still running (a stream whose client never left) end with their connection.
-        await asyncio.sleep(0)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain(
+            self.connections, self.graceful_timeout, idle=lambda connection: connection.idle,
+            close=lambda connection: connection.close(), force=lambda connection: connection.force_close(),
+            tasks=self._tasks,
+        )

@@ -22,6 +22,7 @@ from nereid.grpc.h2.connection import (
     STREAM_HIGH_WATER,
     GrpcConnection,
     GrpcStream,
+    Keepalive,
     PingPolicy,
     Status,
 )
@@ -49,6 +50,9 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
 
     def pause_reading(self) -> None:
         self.reading = False
@@ -460,50 +464,47 @@ def test_what_a_client_sends_marks_when_it_was_last_heard() -> None:
     assert client.server.last_heard == 42.0
 
 
-def test_the_server_pings_quiet_connections_and_closes_those_that_do_not_answer() -> None:
+def test_a_quiet_connection_is_pinged_and_closed_when_the_ping_is_not_answered() -> None:
+    client = Client(RecordingCalls())
+    server = client.server
+    keepalive = Keepalive(time=10.0, timeout=5.0, without_calls=True)
+    client.transport.written.clear()
+    server.tick(9.0, keepalive)
+    assert server.ping_sent_at is None
+    server.tick(10.0, keepalive)
+    client.transport.run_scheduled()
+    assert server.ping_sent_at == 10.0
+    assert bytes(client.transport.written) == struct.pack(">BHBBL", 0, 8, 6, 0, 0) + b"nereid\x00\x00"
+    server.tick(14.0, keepalive)
+    assert not client.transport.closed
+    server.tick(15.0, keepalive)
+    assert client.transport.closed
+
+
+def test_an_answered_keepalive_ping_is_forgotten() -> None:
+    client = Client(RecordingCalls())
+    client.server.tick(10.0, Keepalive(time=10.0, timeout=5.0, without_calls=True))
+    client.pump()  # h2's client acknowledges the PING
+    assert client.server.ping_sent_at is None
+    client.server.tick(15.0, Keepalive(time=100.0, timeout=5.0, without_calls=True))
+    assert not client.transport.closed
+
+
+def test_the_native_server_reads_its_keepalive_from_the_options() -> None:
     from nereid.grpc.native import NativeGrpcServer
     from nereid.options import ServerOptions
 
     class Service:
+        class infer:  # noqa: N801  # ModelInfer: its start is taken, not called
+            start = None
+
         def __getattr__(self, name: str) -> Any:
             return lambda request, context: None
 
-    clock = [0.0]
-    server = NativeGrpcServer(Service(), ServerOptions(grpc_keepalive_time=10_000, grpc_keepalive_timeout=5_000,
-                                                       grpc_keepalive_permit_without_calls=True),
-                              clock=lambda: clock[0])
-    pinged: list[float] = []
-    closed: list[bool] = []
-    class Quiet:
-        ping_sent_at: float | None = None
-        last_heard = 0.0
-        streams: dict[int, Any] = {}
-        gone = False
-
-        def tick(self, now: float) -> None:
-            pass
-
-        def ping(self, now: float) -> None:
-            pinged.append(now)
-            self.ping_sent_at = now
-
-        def close(self) -> None:
-            closed.append(True)
-
-    quiet = Quiet()
-    server.connections.add(quiet)  # type: ignore[arg-type]
-    clock[0] = 9.0
-    server._sweep()
-    assert pinged == []
-    clock[0] = 10.0
-    server._sweep()
-    assert pinged == [10.0]
-    clock[0] = 14.0
-    server._sweep()
-    assert not closed
-    clock[0] = 15.0
-    server._sweep()
-    assert closed == [True]
+    server = NativeGrpcServer(Service(), ServerOptions(  # type: ignore[arg-type]
+        grpc_keepalive_time=10_000, grpc_keepalive_timeout=5_000, grpc_keepalive_permit_without_calls=True,
+    ))
+    assert server.keepalive == Keepalive(time=10.0, timeout=5.0, without_calls=True)
 
 
 def test_streams_past_the_advertised_limit_are_refused_and_the_others_go_on() -> None:

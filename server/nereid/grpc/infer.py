@@ -1,17 +1,20 @@
-"""ModelInferRequest -> InferRequest, and outputs -> ModelInferResponse; NereidError ->
-gRPC status.
+"""ModelInfer, gRPC's one infer path: decode, submit, encode (both gRPC engines use it).
 
-The gRPC surface's decode and encode of the one infer flow: inputs come as
+``ModelInfer.start`` takes a ModelInferRequest to the model's batcher and, from the batch
+that answers it, encodes the ModelInferResponse. ``decode_request`` makes the
+InferRequest a ModelInferRequest means: inputs come as
 ``raw_input_contents`` (one blob per input, in order), typed ``contents``, or a shared
 memory region; they are checked by the same ``ConfigRules`` and made into arrays by the
 same ``wire_inputs.to_array`` as HTTP's, so a request means the same on both surfaces.
 Outputs go out in the model's order as ``raw_output_contents`` (an empty entry for one
-written to shared memory, so the lists stay aligned), as Triton does.
+written to shared memory, so the lists stay aligned), as Triton does. ``status_of`` is
+the gRPC status of a NereidError.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import weakref
+from typing import Any, Callable, Mapping
 
 import grpc
 import numpy as np
@@ -31,12 +34,19 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
+from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.models.admin import parse_version
+from nereid.models.manager import ModelManager, ServingModel
+from nereid.models.serving import Ticket
 from nereid.tensors import wire_inputs
 from nereid.tensors import wire_outputs
-from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.tensors.shared_memory import SharedMemoryManager
 from nereid.tensors.tables import ModelTables
 
-__all__ = ["decode_request", "encode_response", "status_of"]
+__all__ = ["ModelInfer", "OnResponse", "decode_request", "encode_response", "status_of"]
+
+#: How ``ModelInfer.start`` answers: (the ModelInferResponse, None) or (None, the error).
+OnResponse = Callable[[Any, "BaseException | None"], None]
 
 #: The typed ``contents`` field of each datatype.
 _CONTENTS_FIELD = {
@@ -65,6 +75,60 @@ def status_of(error: NereidError) -> grpc.StatusCode:
         if isinstance(error, kind):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+class ModelInfer:
+    """ModelInfer on one server: its models (``manager``), shared memory and the tables
+    made once per model version from its config."""
+
+    def __init__(self, manager: ModelManager, shm: SharedMemoryManager) -> None:
+        self.manager = manager
+        self.shm = shm
+        self._tables: weakref.WeakKeyDictionary[ServingModel, ModelTables] = weakref.WeakKeyDictionary()
+
+    def tables(self, serving: ServingModel) -> ModelTables:
+        """The version's tables, made once (held weakly: they go with the version)."""
+        tables = self._tables.get(serving)
+        if tables is None:
+            tables = self._tables[serving] = ModelTables.for_config(serving.config)
+        return tables
+
+    def serving(self, request: Any) -> ServingModel:
+        """The model version a request names (the latest when it names none)."""
+        version = request.model_version
+        return self.manager.get(request.model_name, parse_version(version) if version else None)
+
+    def start(self, request: Any, received_ns: int, answer: OnResponse) -> Ticket:
+        """Decode, queue, and (from the batch that answers it) encode.
+        ``answer(response, error)`` is called once (error: a NereidError, or the
+        CancelledError of a withdrawn ticket); what is refused before queueing raises
+        NereidError instead. ``ticket.withdraw()`` if the caller goes away."""
+        serving = self.serving(request)
+        if serving.config.decoupled:
+            raise UnsupportedError(
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy ('{serving.name}'); "
+                "use ModelStreamInfer"
+            )
+        tables = self.tables(serving)
+        lease = self.shm.lease()
+
+        def on_answer(outputs: Any, error: BaseException | None) -> None:
+            response = None
+            try:
+                if error is None:
+                    response = encode_response(outputs, infer_request, tables, serving.version, serving.labels, lease.write)
+            except NereidError as exc:
+                error = exc
+            finally:
+                lease.release()
+            answer(response, error)
+
+        try:
+            infer_request = decode_request(request, tables, serving.version, lease.resolve)
+            return serving.submit(infer_request, received_ns, on_answer)
+        except BaseException:
+            lease.release()
+            raise
 
 
 def decode_request(
