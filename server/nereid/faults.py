@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["FaultLog", "MODEL_FAULTS"]
+__all__ = ["FaultLog"]
 
 _NEREID_DIR = str(Path(__file__).resolve().parent)
 
@@ -45,7 +45,8 @@ class FaultLog:
     past that are counted under one summary for the model.
 
     Thread-safe: instance threads report their own failures. ``clock`` (seconds) is
-    injectable for tests.
+    injectable for tests. Each server's model loader owns one (and each process
+    instance's worker process its own), so two servers in one process count apart.
     """
 
     def __init__(
@@ -187,6 +188,3 @@ def _format(exc: BaseException, frames: list[traceback.FrameSummary] | None) -> 
         shown.stack = traceback.StackSummary.from_list(frames)
     return list(shown.format())
 
-
-#: The server's fault log (logging is process-wide, and so is its rate limit).
-MODEL_FAULTS = FaultLog()

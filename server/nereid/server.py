@@ -25,7 +25,7 @@ from nereid.network.access import Refusals, restriction_table
 from nereid.network.listening import StartupError, fit_open_file_limit, listen, listen_error
 from nereid.http import create_app
 from nereid.http.app import NereidApp
-from nereid.local import InProcessServer, install_bls
+from nereid.local import InProcessServer
 from nereid.log import configure_logging
 from nereid.metrics import Metrics, MetricsListener
 from nereid.models.manager import IndexEntry
@@ -138,7 +138,7 @@ class Server(InProcessServer):
         when the HTTP port cannot be bound (before any model loads)."""
         self._shutdown = asyncio.Event()
         self.started = asyncio.Event()
-        install_bls(self.manager, asyncio.get_running_loop())  # Triton models calling other models
+        self.bind_bls()  # Triton models calling other models
         options = self.options
         engine = options.http_server
         if engine not in ("native", "uvicorn", "hypercorn", "granian"):

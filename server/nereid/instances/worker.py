@@ -31,7 +31,7 @@ from nereid.config.triton_json import INPUT_TENSORS
 from nereid.tensors.device import DeviceInputs, outputs_to_host
 from nereid.errors import ModelLoadError, NereidError
 from nereid.log import configure_logging
-from nereid.faults import MODEL_FAULTS
+from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
 from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
 from nereid.triton_python.adapter import TritonModel
@@ -90,8 +90,10 @@ class _Worker:
     def __init__(self, channels: list[Channel], init: dict[str, Any]) -> None:
         self.channels = channels
         self.context = init["context"]
+        #: this process's own fault log (its model's failures, logged here with their tracebacks)
+        self.faults = FaultLog()
         self.model_class: ModelClass = load_model_class(
-            init["model_file"], self.context.model_name, self.context.model_version
+            init["model_file"], self.context.model_name, self.context.model_version, self.faults
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         if self.model_class.infer_is_async:
@@ -118,7 +120,7 @@ class _Worker:
             else:
                 self.model = cls(self.context) if self.model_class.init_takes_context else cls()
         except BaseException as exc:
-            MODEL_FAULTS.record(self.context.model_name, self.context.model_version, "__init__", exc)
+            self.faults.record(self.context.model_name, self.context.model_version, "__init__", exc)
             raise ModelLoadError(  # worded as for a thread instance
                 self.context.model_name,
                 f"{init['model_file']}: Model.__init__ failed for instance {self.context.instance_name}: "
@@ -185,7 +187,7 @@ class _Worker:
         return result
 
     def _fault(self, stage: str, exc: BaseException) -> tuple[str, str, str]:
-        MODEL_FAULTS.record(self.context.model_name, self.context.model_version, stage, exc)
+        self.faults.record(self.context.model_name, self.context.model_version, stage, exc)
         return ("error", type(exc).__name__, str(exc))
 
     def _reply(self, channel: Channel, stage: str, fn: Any) -> None:
@@ -298,7 +300,7 @@ class _Worker:
                 self._call(self.model.close)
             except BaseException as exc:  # model code
                 reply = self._fault("close", exc)
-        MODEL_FAULTS.flush(self.context.model_name, self.context.model_version)
+        self.faults.flush(self.context.model_name, self.context.model_version)
         channel.send(reply)
 
 

@@ -24,12 +24,13 @@ from nereid.instances.devices import GpuInventory, isolation_of, placements, res
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
-from nereid.faults import MODEL_FAULTS
+from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
 from nereid.instances.process import ProcessInstance
 from nereid.repository.scan import ModelSource, VersionSource
 from nereid.models.serving import ServingModel
 from nereid.stats import ModelStats
+from nereid.triton_python.bls import BlsTarget
 from nereid.models.warmup import build_samples, run_warmup
 
 __all__ = ["Loader", "ModelLoader", "batcher_for"]
@@ -51,8 +52,12 @@ class Loader(Protocol):
 class ModelLoader:
     """The real Loader: model files from the repository, instances on their devices."""
 
-    def __init__(self) -> None:
+    def __init__(self, bls: BlsTarget | None = None) -> None:
+        """``bls``: where its Triton models' BLS requests go (None: BLS not available)."""
+        self.bls = bls
         self._gpus = GpuInventory()
+        #: this server's log of model-code failures (each traceback once, repeats counted)
+        self.faults = FaultLog()
         # Model constructors run one at a time (each on its instance's own thread): user
         # __init__ code imports libraries, and some (transformers' lazy modules) are not
         # safe to import from two threads at once. Loading stays off the event loop.
@@ -79,7 +84,7 @@ class ModelLoader:
             groups = placements(config)
             if any(isolation_of(group) == "thread" for group, _ in groups):
                 # a process instance imports model.py in its own process, never here
-                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
+                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version, self.faults)
             for index, (group, device) in enumerate(groups):
                 context = ModelContext(
                     model_name=name,
@@ -96,12 +101,12 @@ class ModelLoader:
                 )
                 instance: ModelInstance | ProcessInstance
                 if isolation_of(group) == "process":
-                    instance = ProcessInstance(version.model_file, context, config)
+                    instance = ProcessInstance(version.model_file, context, config, self.faults)
                     instances.append(instance)
                     await instance.start()  # its own process: no import lock needed
                 else:
                     assert model_class is not None
-                    instance = ModelInstance(model_class, context, config)
+                    instance = ModelInstance(model_class, context, config, self.faults, self.bls)
                     instances.append(instance)
                     async with self._construct_lock:
                         await instance.start()
@@ -116,7 +121,7 @@ class ModelLoader:
         except BaseException as exc:
             for instance in instances:
                 await instance.close()
-            MODEL_FAULTS.flush(name, version.version)  # the next load attempt logs its failures afresh
+            self.faults.flush(name, version.version)  # the next load attempt logs its failures afresh
             if model_class is not None:
                 unload_model_module(model_class)
             if isinstance(exc, ModelLoadError):
@@ -149,7 +154,7 @@ class ModelLoader:
             )
         for instance in serving.instances:
             await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
-        MODEL_FAULTS.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
+        self.faults.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
         unload_model_module(serving.model_class)
 
 

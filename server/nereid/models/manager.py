@@ -29,6 +29,7 @@ from nereid.models.states import (
     VersionStatus,
 )
 from nereid.options import MODEL_CONTROL_MODES
+from nereid.triton_python.bls import BlsTarget
 from nereid.repository.scan import ModelSource, check_model_name, is_model_folder, list_model_names, read_model
 from nereid.repository.watch import ChangeDetector, Changes, fingerprint_repository
 from nereid.models.serving import ServingModel, Ticket
@@ -74,9 +75,11 @@ class ModelManager:
         startup_models: Iterable[str] = (),
         poll_secs: float = 5.0,
         loader: Loader | None = None,
+        bls: BlsTarget | None = None,
     ) -> None:
         """``loader`` brings one version up and down (tests give a stub; by default
-        ``ModelLoader``: model files from the repository)."""
+        ``ModelLoader``: model files from the repository); ``bls``: where the default
+        loader's Triton models send their BLS requests (the server's other models)."""
         if mode not in MODEL_CONTROL_MODES:
             raise ValueError(f"model control mode: expected one of {', '.join(MODEL_CONTROL_MODES)}, got {mode!r}")
         if mode == "poll" and not poll_secs > 0:
@@ -85,7 +88,7 @@ class ModelManager:
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
-        self._loader: Loader = loader if loader is not None else ModelLoader()
+        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls)
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}

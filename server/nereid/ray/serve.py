@@ -212,9 +212,7 @@ class _Replica:
     async def _lifespan(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         import ray
 
-        from nereid.local import install_bls
-
-        install_bls(self.manager, asyncio.get_running_loop())
+        self.server.bind_bls()
         self.cluster = ray.get_actor(_CLUSTER, namespace=_NAMESPACE)
 
         async def started(message: MutableMapping[str, Any]) -> None:

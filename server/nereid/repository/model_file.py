@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nereid.errors import ModelLoadError
-from nereid.faults import MODEL_FAULTS, FaultLog
+from nereid.faults import FaultLog
 from nereid.triton_python.adapter import install_pb_utils, is_triton_model
 
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
@@ -85,12 +85,13 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
 
 
 def load_model_class(
-    model_file: Path, model_name: str, version: int | None = None, faults: FaultLog = MODEL_FAULTS
+    model_file: Path, model_name: str, version: int | None = None, faults: FaultLog | None = None
 ) -> ModelClass:
     """Import ``model_file`` under a fresh module name and return its ``Model`` class.
 
     Raises ModelLoadError with a reason naming the file for a missing file, an import
-    error (its traceback goes to ``faults``, the reason is its message), a missing
+    error (its traceback goes to ``faults``, the server's fault log, or else a log of its
+    own; the reason is its message), a missing
     ``Model`` class, or a ``Model`` without a callable ``infer``.
     """
     if not model_file.is_file():
@@ -111,7 +112,7 @@ def load_model_class(
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(module_name, None)
-            faults.record(model_name, version, "import", exc)
+            (faults if faults is not None else FaultLog()).record(model_name, version, "import", exc)
             raise ModelLoadError(
                 model_name, f"{model_file}: import failed: {type(exc).__name__}: {exc}", str(model_file)
             ) from exc

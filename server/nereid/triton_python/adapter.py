@@ -29,6 +29,7 @@ from nereid.errors import (
 )
 from nereid.inference import InferRequest
 from nereid.triton_python import pb_utils
+from nereid.triton_python.bls import BlsTarget, calls_through
 
 __all__ = ["MODULE_NAME", "TritonModel", "install_pb_utils"]
 
@@ -59,10 +60,12 @@ def is_triton_model(module: types.ModuleType) -> bool:
 
 
 class TritonModel:
-    """One instance of a user's TritonPythonModel, built on the instance's thread."""
+    """One instance of a user's TritonPythonModel, built on the instance's thread.
+    ``bls``: where its BLS requests go (its server's models; None: BLS not available)."""
 
-    def __init__(self, triton_class: type, context: ModelContext) -> None:
+    def __init__(self, triton_class: type, context: ModelContext, bls: BlsTarget | None = None) -> None:
         self.name = context.model_name
+        self.bls = bls
         self.model = triton_class()
         config = dict(context.config)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
@@ -78,12 +81,14 @@ class TritonModel:
         }
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            initialize(args)
+            with calls_through(bls):
+                initialize(args)
 
     def execute(self, requests: Sequence[InferRequest]) -> list[Answer]:
         """One answer per request, in order. Raises what the model raises (the whole batch
         fails), or ModelExecutionError when ``execute`` does not answer every request."""
-        responses = _settled(self.model.execute([self._request(request) for request in requests]))
+        with calls_through(self.bls):
+            responses = _settled(self.model.execute([self._request(request) for request in requests]))
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
             raise ModelExecutionError(
@@ -110,7 +115,8 @@ class TritonModel:
             wrapped._sender = pb_utils.InferenceResponseSender(send)
             wrapped._cancelled = lambda index=index: cancelled(index)  # type: ignore[misc]
             batch.append(wrapped)
-        result = _settled(self.model.execute(batch))
+        with calls_through(self.bls):
+            result = _settled(self.model.execute(batch))
         if result is not None:
             raise ModelExecutionError(
                 f'model "{self.name}": a decoupled model\'s execute must return None and send its responses '
