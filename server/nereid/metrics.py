@@ -363,56 +363,77 @@ class MetricsListener:
             await _respond(writer, 400, b"", close=True)
             return False
         method, target, version = parts
-        keep_alive = version == "HTTP/1.1"
-        length = 0
-        chunked = False
-        restriction = self._restriction
-        presented: str | None = None
-        for _ in range(_MAX_HEADER_LINES):
-            header = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.decode("latin-1").partition(":")
-            name = name.strip().lower()
-            value = value.strip()
-            if name == "content-length":
-                if not value.isdigit():
-                    await _respond(writer, 400, b"", close=True)
-                    return False
-                length = int(value)
-            elif name == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-            elif restriction is not None and name == restriction.name and presented is None:
-                presented = value
-            elif name == "connection":
-                tokens = {t.strip().lower() for t in value.split(",")}
-                if "close" in tokens:
-                    keep_alive = False
-                elif "keep-alive" in tokens:
-                    keep_alive = True
-        else:
+        head = await _read_headers(reader, version == "HTTP/1.1", self._restriction)
+        if head is None:
             await _respond(writer, 400, b"", close=True)
             return False
-        if chunked or length > _MAX_BODY:
-            keep_alive = False  # the body is not read: the connection cannot be reused
-        elif length:
-            await reader.readexactly(length)
+        if head.chunked or head.length > _MAX_BODY:
+            head.keep_alive = False  # the body is not read: the connection cannot be reused
+        elif head.length:
+            await reader.readexactly(head.length)
+        await self._answer(writer, method, target, head)
+        return head.keep_alive
+
+    async def _answer(self, writer: asyncio.StreamWriter, method: str, target: str, head: _Head) -> None:
+        """What Triton's metrics port answers ``method`` on ``target``."""
         path = target.split("?", 1)[0]
         if "://" in path:  # absolute-form target
             path = "/" + path.split("://", 1)[1].partition("/")[2]
-        if restriction is not None and not restriction.allows(presented):
+        close = not head.keep_alive
+        restriction = self._restriction
+        if restriction is not None and not restriction.allows(head.presented):
             self._refusals.count("metrics", "metrics")
             body = json.dumps({"error": restriction.http_message()}, separators=(",", ":")).encode()
-            await _respond(writer, 403, body, close=not keep_alive, content_type="application/json",
+            await _respond(writer, 403, body, close=close, content_type="application/json",
                            head_only=method == "HEAD")
         elif method != "GET":
-            await _respond(writer, 405, b'{"error":"Method Not Allowed"}', close=not keep_alive,
+            await _respond(writer, 405, b'{"error":"Method Not Allowed"}', close=close,
                            content_type="application/json", head_only=method == "HEAD")
         elif path in ("/metrics", "/metrics/"):
-            await _respond(writer, 200, self._render(), close=not keep_alive)
+            await _respond(writer, 200, self._render(), close=close)
         else:
-            await _respond(writer, 200, b"", close=not keep_alive)
-        return keep_alive
+            await _respond(writer, 200, b"", close=close)
+
+
+@dataclass(slots=True)
+class _Head:
+    """What the listener reads of a request's headers."""
+
+    keep_alive: bool
+    length: int = 0
+    chunked: bool = False
+    #: the value of the restricted group's key header, when the metrics API is restricted
+    presented: str | None = None
+
+
+async def _read_headers(
+    reader: asyncio.StreamReader, keep_alive: bool, restriction: Restriction | None
+) -> _Head | None:
+    """A request's headers, read up to the blank line; None for a bad request (a bad
+    Content-Length, or more than _MAX_HEADER_LINES lines)."""
+    head = _Head(keep_alive)
+    for _ in range(_MAX_HEADER_LINES):
+        header = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
+        if header in (b"\r\n", b"\n", b""):
+            return head
+        name, _, value = header.decode("latin-1").partition(":")
+        name = name.strip().lower()
+        value = value.strip()
+        if name == "content-length":
+            if not value.isdigit():
+                return None
+            head.length = int(value)
+        elif name == "transfer-encoding":
+            head.chunked = "chunked" in value.lower()
+        elif restriction is not None and name == restriction.name and head.presented is None:
+            head.presented = value
+        elif name == "connection":
+            tokens = {t.strip().lower() for t in value.split(",")}
+            if "close" in tokens:
+                head.keep_alive = False
+            elif "keep-alive" in tokens:
+                head.keep_alive = True
+    return None
 
 
 async def _respond(

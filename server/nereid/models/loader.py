@@ -84,32 +84,12 @@ class ModelLoader:
             groups = placements(config)
             if any(isolation_of(group) == "thread" for group, _ in groups):
                 # a process instance imports model.py in its own process, never here
-                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version, self.faults)
-            for index, (group, device) in enumerate(groups):
-                context = ModelContext(
-                    model_name=name,
-                    model_version=version.version,
-                    instance_name=f"{name}_{index}",
-                    instance_index=index,
-                    device=device,
-                    kind="GPU" if device.startswith("cuda") else "CPU",
-                    config=config_json,
-                    parameters=dict(config.parameters),
-                    model_dir=version.path,
-                    max_batch_size=config.max_batch_size,
-                    device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
+                model_class = await asyncio.to_thread(
+                    load_model_class, version.model_file, name, version.version, self.faults
                 )
-                instance: ModelInstance | ProcessInstance
-                if isolation_of(group) == "process":
-                    instance = ProcessInstance(version.model_file, context, config, self.faults)
-                    instances.append(instance)
-                    await instance.start()  # its own process: no import lock needed
-                else:
-                    assert model_class is not None
-                    instance = ModelInstance(model_class, context, config, self.faults, self.bls)
-                    instances.append(instance)
-                    async with self._construct_lock:
-                        await instance.start()
+            for index, (group, device) in enumerate(groups):
+                context = _instance_context(name, config, config_json, version, index, device)
+                await self._start_instance(instances, isolation_of(group), model_class, context, config, version)
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
             assert model_class is not None
@@ -137,6 +117,30 @@ class ModelLoader:
         return ServingModel(
             name, version.version, config, config_json, stats, batcher, tuple(instances), model_class, labels
         )
+
+    async def _start_instance(
+        self,
+        instances: list[ModelInstance | ProcessInstance],
+        isolation: str,
+        model_class: ModelClass | None,
+        context: ModelContext,
+        config: ModelConfig,
+        version: VersionSource,
+    ) -> None:
+        """Start one instance (listed in ``instances`` first, so that a failed start is
+        closed with the others): in a process of its own, or on threads of this one
+        (constructors one at a time)."""
+        instance: ModelInstance | ProcessInstance
+        if isolation == "process":
+            instance = ProcessInstance(version.model_file, context, config, self.faults)
+            instances.append(instance)
+            await instance.start()  # its own process: no import lock needed
+            return
+        assert model_class is not None
+        instance = ModelInstance(model_class, context, config, self.faults, self.bls)
+        instances.append(instance)
+        async with self._construct_lock:
+            await instance.start()
 
     async def close(self, serving: ServingModel) -> None:
         """Stop taking requests, let accepted ones finish (the batcher drains its queue and
@@ -187,6 +191,25 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         rows_of=rows_of,
         streaming=config.decoupled,
         execution_timeout_ms=config.execution_timeout_ms,
+    )
+
+
+def _instance_context(
+    name: str, config: ModelConfig, config_json: dict[str, object], version: VersionSource, index: int, device: str
+) -> ModelContext:
+    """The ModelContext of instance ``index`` of a model version, on ``device``."""
+    return ModelContext(
+        model_name=name,
+        model_version=version.version,
+        instance_name=f"{name}_{index}",
+        instance_index=index,
+        device=device,
+        kind="GPU" if device.startswith("cuda") else "CPU",
+        config=config_json,
+        parameters=dict(config.parameters),
+        model_dir=version.path,
+        max_batch_size=config.max_batch_size,
+        device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
     )
 
 

@@ -96,6 +96,12 @@ def load_model_class(
     """
     if not model_file.is_file():
         raise ModelLoadError(model_name, f"{model_file}: model file not found", str(model_file))
+    module = _import(model_file, model_name, version, faults if faults is not None else FaultLog())
+    return _model_class_of(module, model_file, model_name)
+
+
+def _import(model_file: Path, model_name: str, version: int | None, faults: FaultLog) -> types.ModuleType:
+    """``model_file`` imported under a fresh package (its sibling modules under it too)."""
     package = f"{_PACKAGE_PREFIX}.{_safe(model_name)}_{next(_counter)}"
     module_name = f"{package}.{model_file.stem}"
     with _import_lock:
@@ -112,7 +118,7 @@ def load_model_class(
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(module_name, None)
-            (faults if faults is not None else FaultLog()).record(model_name, version, "import", exc)
+            faults.record(model_name, version, "import", exc)
             raise ModelLoadError(
                 model_name, f"{model_file}: import failed: {type(exc).__name__}: {exc}", str(model_file)
             ) from exc
@@ -122,6 +128,12 @@ def load_model_class(
                 sibling = sys.modules.pop(name, None)
                 if sibling is not None:
                     sys.modules[f"{package}.{name}"] = sibling
+    return module
+
+
+def _model_class_of(module: types.ModuleType, model_file: Path, model_name: str) -> ModelClass:
+    """The imported module's ``Model`` (or Triton's ``TritonPythonModel``) class, and what
+    its methods are like."""
     cls = getattr(module, "Model", None)
     if not isinstance(cls, type) and is_triton_model(module):
         triton_class = module.TritonPythonModel
