@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["FaultLog"]
+__all__ = ["FaultLog", "describe_exception"]
 
 _NEREID_DIR = str(Path(__file__).resolve().parent)
 
@@ -104,7 +104,7 @@ class FaultLog:
         frames: list[traceback.FrameSummary] | None,
     ) -> None:
         now = self._clock()
-        summary = exc if isinstance(exc, str) else _describe(exc)
+        summary = exc if isinstance(exc, str) else describe_exception(exc)
         with self._lock:
             seen = self._seen.get(key)
             if seen is None and not self._take_budget(model, version, now):
@@ -164,7 +164,8 @@ def _stage_text(stage: str) -> str:
     return f"raised in {stage}"
 
 
-def _describe(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
+    """``TypeName: message`` for reasons and logs (no traceback)."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -1,7 +1,7 @@
 """ProcessInstance: a model instance that is an OS process of its own (``isolation =
-"process"``): the batches side; the process and its supervisor are ``worker_process.py``'s.
+"process"``): the batches side; the process is ``worker.py``'s, its supervisor ``supervisor.py``'s.
 
-It has the surface of ``instance.ModelInstance`` (the batcher, warmup and loader cannot
+It has the surface of ``thread.ModelInstance`` (the batcher, warmup and loader cannot
 tell them apart): ``start``, ``run_batch``, ``run_stream``, ``cost_function``, ``close``,
 ``problem``. A batch is assembled here, on the event loop, written into its slot's
 shared-memory arena and sent; the loop wakes when the reply arrives (no thread hop); its

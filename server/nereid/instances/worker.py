@@ -1,5 +1,5 @@
 """The process of one process instance (``isolation = "process"``): ``python -m
-nereid.instances.worker FD...``, started by ``process_instance.ProcessInstance``.
+nereid.instances.worker FD...``, started by ``supervisor.WorkerProcess`` for ``process.ProcessInstance``.
 
 It imports ``model.py``, builds the ``Model`` with its ``ModelContext`` (on its device),
 says "ready" with what it learnt of the class, then serves each of its channels on a
@@ -36,7 +36,7 @@ from nereid.repository.model_file import ModelClass, describe_exception, load_mo
 from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
 from nereid.triton_python.adapter import TritonModel
 
-__all__ = ["main", "worker_outputs"]
+__all__ = ["run_worker", "worker_outputs"]
 
 _log = logging.getLogger("nereid")
 _PR_SET_PDEATHSIG = 1
@@ -359,7 +359,7 @@ def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
     return _Steps()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_worker(argv: list[str] | None = None) -> int:
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
@@ -385,4 +385,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_worker())

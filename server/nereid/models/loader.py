@@ -1,7 +1,7 @@
 """Loading and closing one model version: import, instances, warmup, labels, batcher.
 
 ``ModelLoader.load`` turns a version folder into a ServingModel not yet taking traffic;
-``close`` drains and closes one. The model manager decides when (model_manager.py);
+``close`` drains and closes one. The model manager decides when (manager.py);
 tests give it a stub ``Loader`` instead. User code never runs on the event loop here
 (imports and ``__init__`` run in threads).
 """

@@ -1,7 +1,7 @@
 """ModelManager: which model versions are loaded, their state and reason, and serving.
 
 Owns loading, reloading and unloading as transactions per model (the loader brings one
-version up or down: model_loader.py; what each version shows: model_states.py), the
+version up or down: loader.py; what each version shows: states.py), the
 poll-mode watcher task, and the lookup the surfaces use to reach a running model: its
 serving handle (serving.py). Knows nothing about HTTP.
 """
@@ -64,7 +64,7 @@ class ModelManager:
     them becomes ready, traffic moves to them at once, and the previous objects drain
     (queued and running requests finish) and unload. If any one fails, the new objects
     are discarded and the model keeps serving exactly what it served before. How that
-    shows in the index and in readiness: model_states.py.
+    shows in the index and in readiness: states.py.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nereid.errors import ModelLoadError
-from nereid.faults import FaultLog
+from nereid.faults import FaultLog, describe_exception
 from nereid.triton_python.adapter import install_pb_utils, is_triton_model
 
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
@@ -208,11 +208,3 @@ def _ensure_package(name: str, folder: Path | None) -> None:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``TypeName: message`` for reasons and logs (no traceback)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-

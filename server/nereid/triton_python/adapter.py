@@ -3,7 +3,7 @@
 Triton calls ``initialize(args)`` once per instance, ``execute(requests)`` with the list of
 requests the scheduler batched (one ``InferenceResponse`` back per request, or, for a
 decoupled model, responses sent through each request's sender), and ``finalize()`` at
-unload. ``ModelInstance`` (instance.py) drives this object the same way with the batch
+unload. ``ModelInstance`` (instances/thread.py) drives this object the same way with the batch
 its DynamicBatcher formed: ``execute`` answers each request on its own (an error response
 fails only its request); ``execute_decoupled`` hands each sent response to ``deliver``.
 """
@@ -46,7 +46,7 @@ _ERRORS: dict[int, type[NereidError]] = {
 }
 
 #: One answer of ``execute``: the request's outputs by name, or the error that fails it.
-Answer = dict[str, Any] | NereidError
+RequestAnswer = dict[str, Any] | NereidError
 
 
 def install_pb_utils() -> types.ModuleType:
@@ -84,7 +84,7 @@ class TritonModel:
             with calls_through(bls):
                 initialize(args)
 
-    def execute(self, requests: Sequence[InferRequest]) -> list[Answer]:
+    def execute(self, requests: Sequence[InferRequest]) -> list[RequestAnswer]:
         """One answer per request, in order. Raises what the model raises (the whole batch
         fails), or ModelExecutionError when ``execute`` does not answer every request."""
         with calls_through(self.bls):
@@ -99,7 +99,7 @@ class TritonModel:
         return [self._answer(response) for response in responses]
 
     def execute_decoupled(
-        self, requests: Sequence[InferRequest], deliver: Callable[[int, Answer | None, bool], None],
+        self, requests: Sequence[InferRequest], deliver: Callable[[int, RequestAnswer | None, bool], None],
         cancelled: Callable[[int], bool],
     ) -> None:
         """Start a decoupled batch: each response a request's sender sends reaches
@@ -140,7 +140,7 @@ class TritonModel:
             timeout=request.timeout_us or 0, parameters=parameters,
         )
 
-    def _answer(self, response: Any) -> Answer:
+    def _answer(self, response: Any) -> RequestAnswer:
         if not isinstance(response, pb_utils.InferenceResponse):
             return ModelExecutionError(
                 f'model "{self.name}": expected a pb_utils.InferenceResponse, got {type(response).__name__}',
