@@ -25,6 +25,8 @@ from nereid.triton_python.adapter import install_pb_utils, is_triton_model
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
 
 _PACKAGE_PREFIX = "_nereid_models"
+# Process-wide on purpose, as sys.modules is (one interpreter, whatever the servers in it):
+# a unique package name per import, whichever server imports.
 _counter = itertools.count()
 # Imports of different models are serialised: the sibling finder is installed on the
 # global sys.meta_path while one model file executes.
