@@ -35,7 +35,8 @@ class ModelBaseException(Exception):
 
 def as_exception(exc: BaseException) -> ModelBaseException:
     """A ModelBaseException carrying ``exc`` (its arguments, traceback and, as cause, itself)."""
-    carried = _carrier(type(exc))(*exc.args)  # type: ignore[arg-type]  # (classes hash; typeshed disagrees).with_traceback(exc.__traceback__)
+    carrier = _carrier(type(exc))  # type: ignore[arg-type]  # (classes hash; typeshed disagrees)
+    carried = carrier(*exc.args).with_traceback(exc.__traceback__)
     carried.__cause__ = exc
     return carried
 
