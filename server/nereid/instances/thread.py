@@ -7,8 +7,9 @@ Knows nothing about queues, scheduling or HTTP.
 Whatever model code raises fails only the call it was in: an Exception, and as much any
 other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError of
 the model's own). None of them ends an instance thread, a batcher's worker or the event
-loop. Only the loop cancelling the task that runs the model (``cancelled_by_loop``: shutdown, a
-drain timeout) goes on up as a cancellation.
+loop. Only the loop cancelling the task that runs the model (``cancelled_by_loop``:
+shutdown, a drain timeout) goes on up as a cancellation (model_errors.py). The threads
+are instance_threads.py's; the records a batch comes to, outcome.py's.
 """
 
 from __future__ import annotations
