@@ -15,13 +15,15 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 from nereid import __version__
 from nereid.network.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
 from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
 
 __all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
+
+_T = TypeVar("_T", int, float)
 
 
 def _bool(text: str) -> bool:
@@ -33,38 +35,26 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _size(text: str) -> int:
-    value = _int(text)
-    if value is None or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {text!r}")
-    return value
+def _checked(parse: Callable[[str], _T], accept: Callable[[_T], bool], expected: str) -> Callable[[str], _T]:
+    """A flag's parser: ``parse(text)`` (int or float), refused unless ``accept`` takes it."""
+
+    def check(text: str) -> _T:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return check
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = _int(text)
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def _amount(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+_size = _checked(int, lambda value: value > 0, "a positive number of bytes")
+_seconds = _checked(float, lambda value: 0 < value < float("inf"), "a positive number of seconds")
+_count = _checked(int, lambda value: value >= 0, "a whole number >= 0")
+_amount = _checked(float, lambda value: 0 <= value < float("inf"), "a number >= 0")
+_port = _checked(int, lambda value: 0 <= value <= 65535, "a port 0..65535")
 
 
 def _url_size(text: str) -> int:
@@ -74,39 +64,21 @@ def _url_size(text: str) -> int:
     return value
 
 
-def _port(text: str) -> int:
-    value = _int(text)
-    if value is None or not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, got {text!r}")
-    return value
+def _restriction(parse: Callable[[str], Restriction]) -> Callable[[str], Restriction]:
+    """A restricted-API flag's parser (its errors as argparse's)."""
+
+    def check(text: str) -> Restriction:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
 
 
-def _http_restriction(text: str) -> Restriction:
-    try:
-        return parse_restriction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _grpc_restriction(text: str) -> Restriction:
-    try:
-        return parse_restriction(text, GRPC_KEY_PREFIX)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _metrics_restriction(text: str) -> Restriction:
-    try:
-        return parse_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
+_http_restriction = _restriction(parse_restriction)
+_grpc_restriction = _restriction(lambda text: parse_restriction(text, GRPC_KEY_PREFIX))
+_metrics_restriction = _restriction(parse_key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["FaultLog", "MODEL_FAULTS"]
+__all__ = ["FaultLog", "describe_exception"]
 
 _NEREID_DIR = str(Path(__file__).resolve().parent)
 
@@ -45,7 +45,8 @@ class FaultLog:
     past that are counted under one summary for the model.
 
     Thread-safe: instance threads report their own failures. ``clock`` (seconds) is
-    injectable for tests.
+    injectable for tests. Each server's model loader owns one (and each process
+    instance's worker process its own), so two servers in one process count apart.
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class FaultLog:
         frames: list[traceback.FrameSummary] | None,
     ) -> None:
         now = self._clock()
-        summary = exc if isinstance(exc, str) else _describe(exc)
+        summary = exc if isinstance(exc, str) else describe_exception(exc)
         with self._lock:
             seen = self._seen.get(key)
             if seen is None and not self._take_budget(model, version, now):
@@ -163,7 +164,8 @@ def _stage_text(stage: str) -> str:
     return f"raised in {stage}"
 
 
-def _describe(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
+    """``TypeName: message`` for reasons and logs (no traceback)."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -187,6 +189,3 @@ def _format(exc: BaseException, frames: list[traceback.FrameSummary] | None) -> 
         shown.stack = traceback.StackSummary.from_list(frames)
     return list(shown.format())
 
-
-#: The server's fault log (logging is process-wide, and so is its rate limit).
-MODEL_FAULTS = FaultLog()

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import os
 import queue
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping, TypedDict, Unpack
 
 import numpy as np
 
@@ -25,108 +26,96 @@ from nereid.datatypes import DataType
 from nereid.errors import InvalidInputError, NereidError, UnsupportedError
 from nereid.inference import InferRequest, ParameterValue
 from nereid.models.manager import IndexEntry, ModelManager
+from nereid.models.serving import ServingModel
 from nereid.options import ServerOptions
 from nereid.tensors.checks import ConfigRules, Facts, Problem, triton_text
 from nereid.triton_python import pb_utils
 
-__all__ = ["LocalEndpoint", "InProcessServer", "install_bls"]
+__all__ = ["LocalEndpoint", "InProcessServer", "RequestOptions", "ServerBls"]
+
+
+class RequestOptions(TypedDict, total=False):
+    """The optional arguments of one in-process request."""
+
+    version: int | None
+    parameters: Mapping[str, ParameterValue] | None
+    priority: int
+    timeout_us: int | None
 
 
 class LocalEndpoint:
     """Async in-process inference over a ModelManager (Triton's in-process API, Ray's
-    handle). Inputs are checked against the model config like HTTP requests are."""
+    handle). Inputs are checked against the model config like HTTP requests are.
+    Options (``RequestOptions``): ``version``, ``parameters``, ``priority``, ``timeout_us``."""
 
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
     async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        version: int | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
-        priority: int = 0,
-        timeout_us: int | None = None,
+        self, model: str, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
     ) -> dict[str, np.ndarray]:
         """One request; returns its outputs (name -> numpy array, batch dim included)."""
         received = time.monotonic_ns()
-        serving = self.manager.get(model, version)
+        serving, request = self._request(model, inputs, options)
         if serving.config.decoupled:
             raise UnsupportedError(f"model '{model}' is decoupled (it streams): use stream() instead of infer()")
-        request = build_request(serving.config, model, inputs, parameters, priority, timeout_us)
         return await serving.infer(request, received)
 
     async def stream(
-        self,
-        model: str,
-        inputs: Mapping[str, Any],
-        *,
-        version: int | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
-        priority: int = 0,
-        timeout_us: int | None = None,
+        self, model: str, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
     ) -> AsyncIterator[dict[str, np.ndarray]]:
         """One request; yields its outputs step by step (a non-decoupled model yields once)."""
         received = time.monotonic_ns()
-        serving = self.manager.get(model, version)
-        request = build_request(serving.config, model, inputs, parameters, priority, timeout_us)
+        serving, request = self._request(model, inputs, options)
         if not serving.config.decoupled:
             yield await serving.infer(request, received)
             return
         async for step in serving.stream(request, received):
             yield step
 
+    def _request(self, model: str, inputs: Mapping[str, Any], options: RequestOptions) -> tuple[ServingModel, InferRequest]:
+        serving = self.manager.get(model, options.get("version"))
+        request = build_request(
+            serving.config, model, inputs, options.get("parameters"), options.get("priority", 0),
+            options.get("timeout_us"),
+        )
+        return serving, request
 
-def install_bls(manager: ModelManager, loop: asyncio.AbstractEventLoop) -> None:
-    """Let Triton Python-backend models call other models of this server (Business Logic
-    Scripting: ``pb_utils.InferenceRequest(...).exec()``), through a LocalEndpoint on
-    ``loop``, from their instance threads."""
-    endpoint = LocalEndpoint(manager)
 
-    def arguments(request: pb_utils.InferenceRequest) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        version = request.model_version()
-        options: dict[str, Any] = {"version": version if version >= 0 else None,
-                                   "parameters": json_parameters(request.parameters())}
-        if request.timeout():
-            options["timeout_us"] = request.timeout()
-        return request.model_name(), {t.name(): t.as_numpy() for t in request.inputs()}, options
+class ServerBls:
+    """One server's BLS target: lets its Triton Python-backend models call its other
+    models (``pb_utils.InferenceRequest(...).exec()``), through a LocalEndpoint on the
+    server's loop, from their instance threads. The model loader hands it to each
+    TritonModel (``nereid.triton_python.bls``); ``bind`` gives it the server's endpoint
+    and loop once the server runs."""
 
-    def response(outputs: Mapping[str, np.ndarray], wanted: list[str]) -> pb_utils.InferenceResponse:
-        return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in outputs.items() if not wanted or n in wanted])
+    def __init__(self) -> None:
+        self._endpoint: LocalEndpoint | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def failed(exc: NereidError) -> pb_utils.InferenceResponse:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message))
+    def bind(self, endpoint: LocalEndpoint, loop: asyncio.AbstractEventLoop) -> None:
+        """The server's endpoint, and the loop its models run on (where BLS requests go)."""
+        self._endpoint, self._loop = endpoint, loop
 
-    def on_loop() -> bool:
-        try:
-            return asyncio.get_running_loop() is loop
-        except RuntimeError:
-            return False
-
-    async def call(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        model, inputs, options = arguments(request)
-        try:
-            return response(await endpoint.infer(model, inputs, **options), request.requested_output_names())
-        except NereidError as exc:
-            return failed(exc)
-
-    def execute(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        if on_loop():
+    def infer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        endpoint, loop = self._running()
+        if _on(loop):
             raise pb_utils.TritonModelException("exec() cannot wait on the server's event loop: use async_exec()")
-        return asyncio.run_coroutine_threadsafe(call(request), loop).result()
+        return asyncio.run_coroutine_threadsafe(self._infer(endpoint, request), loop).result()
 
-    def stream(request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
-        steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        model, inputs, options = arguments(request)
+    def stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        steps: queue.SimpleQueue[pb_utils.InferenceResponse | None] = queue.SimpleQueue()
+        model, inputs, options = _bls_arguments(request)
         wanted = request.requested_output_names()
+
+        endpoint, loop = self._running()
 
         async def pump() -> None:
             try:
                 async for step in endpoint.stream(model, inputs, **options):
-                    steps.put(response(step, wanted))
+                    steps.put(_bls_response(step, wanted))
             except NereidError as exc:
-                steps.put(failed(exc))
+                steps.put(_bls_failed(exc))
             finally:
                 steps.put(None)
 
@@ -134,12 +123,49 @@ def install_bls(manager: ModelManager, loop: asyncio.AbstractEventLoop) -> None:
         while (item := steps.get()) is not None:
             yield item
 
-    pb_utils.set_bls_executor(execute, stream)
+    @staticmethod
+    async def _infer(endpoint: LocalEndpoint, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        model, inputs, options = _bls_arguments(request)
+        try:
+            outputs = await endpoint.infer(model, inputs, **options)
+        except NereidError as exc:
+            return _bls_failed(exc)
+        return _bls_response(outputs, request.requested_output_names())
+
+    def _running(self) -> tuple[LocalEndpoint, asyncio.AbstractEventLoop]:
+        endpoint, loop = self._endpoint, self._loop
+        if endpoint is None or loop is None or loop.is_closed():
+            raise pb_utils.TritonModelException("BLS is not available here: the server is not running")
+        return endpoint, loop
+
+
+def _bls_arguments(request: pb_utils.InferenceRequest) -> tuple[str, dict[str, Any], RequestOptions]:
+    version = request.model_version()
+    options = RequestOptions(
+        version=version if version >= 0 else None, parameters=json_parameters(request.parameters())
+    )
+    if request.timeout():
+        options["timeout_us"] = request.timeout()
+    return request.model_name(), {t.name(): t.as_numpy() for t in request.inputs()}, options
+
+
+def _bls_response(outputs: Mapping[str, np.ndarray], wanted: list[str]) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse([pb_utils.Tensor(n, a) for n, a in outputs.items() if not wanted or n in wanted])
+
+
+def _bls_failed(exc: NereidError) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message))
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread is running ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def json_parameters(text: str) -> dict[str, Any]:
-    import json
-
     value = json.loads(text) if text else {}
     return value if isinstance(value, dict) else {}
 
@@ -262,6 +288,8 @@ class InProcessServer:
             self.options = dataclasses.replace(model_repository, **options) if options else model_repository
         else:
             self.options = ServerOptions(model_repository=Path(model_repository), **options)
+        #: how this server's Triton models reach its other models (BLS)
+        self.bls = ServerBls()
         self.manager = self._make_manager()
         self.local = LocalEndpoint(self.manager)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -274,13 +302,19 @@ class InProcessServer:
             mode=options.model_control_mode,
             startup_models=options.load_model,
             poll_secs=options.repository_poll_secs,
+            bls=self.bls,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the models (as the control mode says) on the running loop."""
+        self.bind_bls()
         await self.manager.start()
+
+    def bind_bls(self) -> None:
+        """Let this server's Triton models call its other models, through the running loop."""
+        self.bls.bind(self.local, asyncio.get_running_loop())
 
     async def aclose(self) -> None:
         """Drain and unload every model."""

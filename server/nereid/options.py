@@ -52,7 +52,7 @@ class ServerOptions:
     load_model: tuple[str, ...] = field(default_factory=tuple)
     strict_readiness: bool = True
     exit_timeout_secs: float = 30.0
-    #: Ray Serve (ray_serve.py): replicas (0: not on Ray), the cluster to join (None: a
+    #: Ray Serve (ray/serve.py): replicas (0: not on Ray), the cluster to join (None: a
     #: local one), each replica's resources, and autoscaling (max 0: a fixed count).
     ray_replicas: int = 0
     ray_address: str | None = None

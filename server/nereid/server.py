@@ -9,23 +9,22 @@ down: no globals, so two servers can run in one process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import socket
 import ssl
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
+from nereid.asgi_engines import serve_granian, serve_hypercorn, serve_uvicorn
 from nereid.network.access import Refusals, restriction_table
 from nereid.network.listening import StartupError, fit_open_file_limit, listen, listen_error
 from nereid.http import create_app
 from nereid.http.app import NereidApp
-from nereid.local import InProcessServer, install_bls
+from nereid.local import InProcessServer
 from nereid.log import configure_logging
 from nereid.metrics import Metrics, MetricsListener
 from nereid.models.manager import IndexEntry
@@ -138,37 +137,13 @@ class Server(InProcessServer):
         when the HTTP port cannot be bound (before any model loads)."""
         self._shutdown = asyncio.Event()
         self.started = asyncio.Event()
-        install_bls(self.manager, asyncio.get_running_loop())  # Triton models calling other models
+        self.bind_bls()  # Triton models calling other models
         options = self.options
         engine = options.http_server
         if engine not in ("native", "uvicorn", "hypercorn", "granian"):
             raise ValueError(f"unknown HTTP server {engine!r} (expected native, uvicorn, granian or hypercorn)")
-        # Certificates are read once, here: a bad one stops the server before any port is bound.
-        http_tls = server_context(self.http_tls, ("http/1.1",)) if self.http_tls is not None else None
-        grpc_tls = server_context(self.grpc_tls, ("h2",)) if self.grpc_tls is not None else None
-        self._reloadable = []
-        if self.http_tls is not None and http_tls is not None and engine == "native":
-            self._reloadable.append((self.http_tls, http_tls))
-        if self.grpc_tls is not None and grpc_tls is not None and options.grpc_server == "native" and options.allow_grpc:
-            self._reloadable.append((self.grpc_tls, grpc_tls))
-        listener: socket.socket | None = None
-        fd = options.http_fd
-        if fd is None and engine == "native":
-            # The native engine listens itself (its loop's own socket served faster than one
-            # handed over) and says where; this probe makes a busy port one line before
-            # anything else starts.
-            listen(options.http_address, options.http_port).close()
-            where = ""
-        elif fd is None:
-            listener = listen(options.http_address, options.http_port)
-            fd = listener.fileno()
-            host, port = listener.getsockname()[:2]
-            where = f"{host}:{port}"
-            if engine == "granian":  # binds by address only: hand the port back to it
-                listener.close()
-                listener, fd = None, None
-        else:
-            where = f"fd {fd}"
+        http_tls, grpc_tls = self._read_certificates()
+        listener, fd, where = _http_listener(options)
         fit_open_file_limit(options.http_max_connections)
         if where:
             _log.info(
@@ -182,11 +157,11 @@ class Server(InProcessServer):
             if engine == "native":
                 await self._serve_native(fd, http_tls)
             elif engine == "uvicorn":
-                await self._serve_uvicorn(fd)
+                await serve_uvicorn(self.app, fd, options, self.http_tls, self._shutdown)
             elif engine == "hypercorn":
-                await self._serve_hypercorn(fd)
+                await serve_hypercorn(self.app, fd, options, self.http_tls, self._shutdown)
             else:
-                await self._serve_granian()
+                await serve_granian(self.app, options, self.http_tls, self._shutdown)
         finally:
             stopping.cancel()
             if grpc_server is not None:
@@ -199,6 +174,20 @@ class Server(InProcessServer):
                 self.metrics_port = None
             self.shm.close()
         _log.info("nereid stopped")
+
+    def _read_certificates(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """The HTTP and gRPC TLS contexts (None: plaintext), read once, here: a bad
+        certificate stops the server before any port is bound. Those nereid's own engines
+        listen with are kept for SIGHUP's reload."""
+        options = self.options
+        http_tls = server_context(self.http_tls, ("http/1.1",)) if self.http_tls is not None else None
+        grpc_tls = server_context(self.grpc_tls, ("h2",)) if self.grpc_tls is not None else None
+        self._reloadable = []
+        if self.http_tls is not None and http_tls is not None and options.http_server == "native":
+            self._reloadable.append((self.http_tls, http_tls))
+        if self.grpc_tls is not None and grpc_tls is not None and options.grpc_server == "native" and options.allow_grpc:
+            self._reloadable.append((self.grpc_tls, grpc_tls))
+        return http_tls, grpc_tls
 
     async def _start_grpc(self, tls: ssl.SSLContext | None) -> GrpcServer | NativeGrpcServer | None:
         """gRPC on --grpc-port (same address as HTTP), bound before any model loads; a
@@ -288,89 +277,6 @@ class Server(InProcessServer):
                 raise listen_error(where, exc) from exc
             raise
 
-    async def _serve_uvicorn(self, fd: int | None) -> None:
-        import uvicorn
-
-        assert fd is not None
-        options = self.options
-        config = uvicorn.Config(
-            self.app,
-            fd=fd,
-            http=_coalescing_httptools_protocol(),
-            loop="none",
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            date_header=False,
-            proxy_headers=False,  # nereid is not behind a proxy by default; saves a layer per request
-            timeout_graceful_shutdown=int(options.exit_timeout_secs),
-            # the limits uvicorn has (README, "Limits on other engines")
-            timeout_keep_alive=max(1, math.ceil(options.http_keepalive_timeout_secs)),
-            limit_concurrency=options.http_max_connections,
-            **_uvicorn_tls(self.http_tls),
-        )
-        server = _quiet_uvicorn(config)
-        assert self._shutdown is not None
-        watcher = asyncio.create_task(self._shutdown.wait())
-        serving = asyncio.create_task(server.serve())
-        done, _ = await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        await serving
-        watcher.cancel()
-
-    async def _serve_hypercorn(self, fd: int | None) -> None:
-        from hypercorn.asyncio import serve
-        from hypercorn.config import Config
-
-        options = self.options
-        config = Config()
-        config.bind = [f"fd://{fd}"]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("nereid.hypercorn")
-        config.graceful_timeout = options.exit_timeout_secs
-        config.include_server_header = False
-        # the limits hypercorn has (README, "Limits on other engines")
-        config.keep_alive_timeout = options.http_keepalive_timeout_secs
-        config.h11_max_incomplete_size = options.http_max_header_size
-        config.read_timeout = math.ceil(options.http_body_timeout_secs)
-        tls = self.http_tls
-        if tls is not None:
-            config.certfile = str(tls.cert)
-            config.keyfile = str(tls.key)
-            if tls.root is not None:
-                config.ca_certs = str(tls.root)
-            if tls.mutual:
-                config.verify_mode = ssl.CERT_REQUIRED
-        assert self._shutdown is not None
-        await serve(self.app, config, shutdown_trigger=self._shutdown.wait)  # type: ignore[arg-type]
-
-    async def _serve_granian(self) -> None:
-        from granian.constants import Interfaces
-        from granian.log import LogLevels
-        from granian.server.embed import Server as GranianServer
-
-        options = self.options
-        if options.http_fd is not None:
-            raise ValueError("--http-server granian cannot serve on a file descriptor; give --http-port")
-        server = GranianServer(
-            self.app,
-            address=options.http_address,
-            port=options.http_port,
-            interface=Interfaces.ASGI,
-            log_level=LogLevels.warning,
-            websockets=False,
-            **_granian_tls(self.http_tls),
-        )
-        assert self._shutdown is not None
-        serving = asyncio.create_task(server.serve())
-        watcher = asyncio.create_task(self._shutdown.wait())
-        await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
-        if not serving.done():
-            server.stop()  # type: ignore[no-untyped-call]
-            await serving
-        watcher.cancel()
-
     def run(self) -> int:
         """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM;
         the exit status (1: the port could not be bound). When shutdown had to abandon a
@@ -409,6 +315,26 @@ class Server(InProcessServer):
         return 0
 
 
+def _http_listener(options: ServerOptions) -> tuple[socket.socket | None, int | None, str]:
+    """The socket the HTTP engine serves on, if nereid binds it (closed after serving), its
+    file descriptor, and where it listens ("": the native engine says so itself)."""
+    fd = options.http_fd
+    if fd is not None:
+        return None, fd, f"fd {fd}"
+    if options.http_server == "native":
+        # The native engine listens itself (its loop's own socket served faster than one
+        # handed over) and says where; this probe makes a busy port one line before
+        # anything else starts.
+        listen(options.http_address, options.http_port).close()
+        return None, None, ""
+    listener = listen(options.http_address, options.http_port)
+    host, port = listener.getsockname()[:2]
+    if options.http_server == "granian":  # binds by address only: hand the port back to it
+        listener.close()
+        return None, None, f"{host}:{port}"
+    return listener, listener.fileno(), f"{host}:{port}"
+
+
 def _tls_files(options: ServerOptions, protocol: str) -> TlsFiles | None:
     """The TLS settings of ``protocol`` (http or grpc) from its --<protocol>-* flags, None
     for plaintext (mutual TLS implies TLS)."""
@@ -418,86 +344,3 @@ def _tls_files(options: ServerOptions, protocol: str) -> TlsFiles | None:
     if not (get("use_ssl") or get("use_ssl_mutual")):
         return None
     return TlsFiles(f"--{protocol}", get("server_cert"), get("server_key"), get("root_cert"), get("use_ssl_mutual"))
-
-
-def _uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
-    if tls is None:
-        return {}
-    settings: dict[str, Any] = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
-    if tls.root is not None:
-        settings["ssl_ca_certs"] = str(tls.root)
-    if tls.mutual:
-        settings["ssl_cert_reqs"] = ssl.CERT_REQUIRED
-    return settings
-
-
-def _granian_tls(tls: TlsFiles | None) -> dict[str, Any]:
-    if tls is None:
-        return {}
-    settings: dict[str, Any] = {"ssl_cert": tls.cert, "ssl_key": tls.key}
-    if tls.root is not None:
-        settings["ssl_ca"] = tls.root
-    if tls.mutual:
-        settings["ssl_client_verify"] = True
-    return settings
-
-
-def _quiet_uvicorn(config: Any) -> Any:
-    """A uvicorn.Server without its own signal handling (nereid owns the signals)."""
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return _Server(config)
-
-
-class _CoalescingTransport:
-    """Wraps a socket transport so that the writes made in one event-loop iteration go
-    out in one ``write`` (one syscall, one TCP segment).
-
-    uvicorn writes a response's status line and headers, then its body, in two calls; on
-    loopback each send runs the receiver's network stack on the sender's CPU, and the two
-    writes were 40% of the server's time per request (py-spy, identity model, c=16).
-    Everything else is delegated; ``close()`` flushes first.
-    """
-
-    __slots__ = ("_transport", "_loop", "_pending")
-
-    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(data)
-
-    def _flush(self) -> None:
-        pending = self._pending
-        if pending:
-            self._pending = []
-            data = pending[0] if len(pending) == 1 else b"".join(pending)
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _coalescing_httptools_protocol() -> type:
-    """uvicorn's httptools protocol with coalesced response writes."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class _Protocol(HttpToolsProtocol):
-        def connection_made(self, transport: Any) -> None:  # uvloop's transports are not asyncio.Transport subclasses
-            super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-
-    return _Protocol

@@ -121,6 +121,5 @@ def test_a_decoupled_model_sends_through_each_requests_sender() -> None:
 
 
 def test_bls_without_a_server_says_so() -> None:
-    pb_utils.set_bls_executor(None)
     with pytest.raises(pb_utils.TritonModelException, match="BLS is not available here"):
         pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=[]).exec()

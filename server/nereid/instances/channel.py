@@ -93,15 +93,7 @@ class Channel:
         try:
             data, fds, _, _ = socket.recv_fds(sock, _DATAGRAM, 4)
             if data[:1] == _LONG:
-                size = int.from_bytes(data[1:9], "little")
-                parts = []
-                while size > 0:
-                    part = sock.recv(_DATAGRAM)
-                    if not part:
-                        break
-                    parts.append(part)
-                    size -= len(part)
-                data = b"".join(parts)
+                data = self._rest_of_long(data)
         except TimeoutError:
             raise
         except (ConnectionResetError, OSError) as exc:
@@ -116,18 +108,22 @@ class Channel:
         if data[:1] == _LONG:  # the rest follows at once: read it as recv does
             self.sock.settimeout(None)
             self._timeout = None
-            size = int.from_bytes(data[1:9], "little")
-            parts = []
-            while size > 0:
-                part = self.sock.recv(_DATAGRAM)
-                if not part:
-                    break
-                parts.append(part)
-                size -= len(part)
-            data = b"".join(parts)
+            data = self._rest_of_long(data)
         if not data:
             raise ChannelClosed("the other end closed the channel")
         return pickle.loads(data), fds
+
+    def _rest_of_long(self, header: bytes) -> bytes:
+        """The chunks of a long message whose _LONG ``header`` (with its size) came first."""
+        size = int.from_bytes(header[1:9], "little")
+        parts = []
+        while size > 0:
+            part = self.sock.recv(_DATAGRAM)
+            if not part:
+                break
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
 
     def close(self) -> None:
         self.sock.close()

@@ -1,7 +1,7 @@
 """ProcessInstance: a model instance that is an OS process of its own (``isolation =
-"process"``): the batches side; the process and its supervisor are ``worker_process.py``'s.
+"process"``): the batches side; the process is ``worker.py``'s, its supervisor ``supervisor.py``'s.
 
-It has the surface of ``instance.ModelInstance`` (the batcher, warmup and loader cannot
+It has the surface of ``thread.ModelInstance`` (the batcher, warmup and loader cannot
 tell them apart): ``start``, ``run_batch``, ``run_stream``, ``cost_function``, ``close``,
 ``problem``. A batch is assembled here, on the event loop, written into its slot's
 shared-memory arena and sent; the loop wakes when the reply arrives (no thread hop); its
@@ -32,10 +32,13 @@ from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
-from nereid.instances.thread import BatchOutcome, StepSink, _InstanceThreads
-from nereid.faults import MODEL_FAULTS
+from nereid.instances.instance_threads import InstanceThreads
+from nereid.instances.model_errors import model_exception
+from nereid.instances.outcome import BatchOutcome, StepSink
+from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass
-from nereid.instances.channel import Arena, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.instances.channel import Arena, ChannelClosed, write_arrays
+from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
 from nereid.instances.supervisor import Slot, WorkerProcess
 
 __all__ = ["InstanceDiedError", "ProcessInstance"]
@@ -46,46 +49,16 @@ class InstanceDiedError(ModelExecutionError):
     running a batch."""
 
 
-#: The Exception class standing for each exception type met in a process (a few at most).
-_CARRIERS: dict[str, type[Exception]] = {}
-
-
-def _model_exception(type_name: str, text: str) -> Exception:
-    """An Exception standing for what model code raised in the process: its class is named
-    like the original's, so that a message built of type name and text reads as for a
-    thread instance (``Model.batch_size(inputs) raised SystemExit: 9``)."""
-    carrier = _CARRIERS.get(type_name)
-    if carrier is None:
-        carrier = _CARRIERS[type_name] = type(type_name, (Exception,), {"__module__": "nereid.instances.worker"})
-    return carrier(text)
-
-
-def _restore(outputs: Any) -> Any:
-    """Raw outputs with each Unsendable (a value the process could not pickle) replaced
-    by an object of a class named like the value's type: split's errors then name it as
-    for a thread instance."""
-    if isinstance(outputs, Unsendable):
-        return _stand_in(outputs.type_name)
-    if isinstance(outputs, dict) and any(isinstance(value, Unsendable) for value in outputs.values()):
-        return {k: _stand_in(v.type_name) if isinstance(v, Unsendable) else v for k, v in outputs.items()}
-    return outputs
-
-
-_STAND_INS: dict[str, type] = {}
-
-
-def _stand_in(type_name: str) -> object:
-    cls = _STAND_INS.get(type_name)
-    if cls is None:
-        cls = _STAND_INS[type_name] = type(type_name, (), {"__module__": "nereid.instances.worker", "__slots__": ()})
-    return cls()
-
-
 class ProcessInstance:
     """One instance in a process of its own (see the module docstring)."""
 
-    def __init__(self, model_file: Path, context: ModelContext, config: ModelConfig) -> None:
+    def __init__(
+        self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None
+    ) -> None:
         self.model_file = model_file
+        #: the server's fault log: outputs that do not match the config (model code's own
+        #: failures are logged by the process)
+        self.faults = faults if faults is not None else FaultLog()
         self.context = context
         self.config = config
         self.name = context.instance_name
@@ -103,7 +76,7 @@ class ProcessInstance:
         # under an execution timeout, which counts from the moment a batch is sent).
         slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
         self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
-        self._threads = _InstanceThreads(self.capacity, self.name)
+        self._threads = InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
         self._cost_generation = -1
         self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
@@ -171,7 +144,7 @@ class ProcessInstance:
             slot.channel.send(("infer", specs, self._parameters(requests)), slot.inputs.take_fd_to_send())
             slot.busy = True
             reply = self._reply(slot, await self._reply_on_loop(slot))
-            raw = self._outputs(slot, reply)
+            raw = reply_outputs(slot, reply)
         except ChannelClosed:
             return BatchOutcome(None, self._died(None), t1 - t0, time.monotonic_ns() - t1, 0)
         except NereidError as exc:
@@ -225,7 +198,7 @@ class ProcessInstance:
                 return kind(answer[2])
             return ModelExecutionError(answer[2], model=self.context.model_name)
         try:
-            return split(_restore(answer), [request], self.config, self.context.model_name)[0]
+            return split(restore_unsendable(answer), [request], self.config, self.context.model_name)[0]
         except NereidError as exc:
             self._output_fault(exc)
             return exc
@@ -250,7 +223,7 @@ class ProcessInstance:
                     # read: whatever becomes of the awaiting task, the slot is free and
                     # its outputs arena is the one this reply's arrays lie in
                     slot.busy = False
-                    self._adopt(slot, fds)
+                    adopt_arena(slot, fds)
                     waiting.set_result((message, []))
 
         loop.add_reader(fd, readable)
@@ -284,7 +257,7 @@ class ProcessInstance:
             except (ChannelClosed, OSError):  # the process is gone: so is the slot
                 return
             slot.busy = False
-            self._adopt(slot, fds)
+            adopt_arena(slot, fds)
             self.worker.release(slot)
 
         if slot.generation == self.worker.generation:
@@ -316,7 +289,7 @@ class ProcessInstance:
     def _reply(self, slot: Slot, received: tuple[Any, list[int]]) -> Any:
         """A reply's message, its outputs' arena adopted; a model error raised."""
         message, fds = received
-        self._adopt(slot, fds)
+        adopt_arena(slot, fds)
         if message[0] == "error":
             _, type_name, text = message
             raise ModelExecutionError(
@@ -326,26 +299,11 @@ class ProcessInstance:
             )
         return message
 
-    @staticmethod
-    def _adopt(slot: Slot, fds: list[int]) -> None:
-        """The process replaced its outputs arena (the descriptor came with a reply)."""
-        if fds:
-            if slot.outputs is None:
-                slot.outputs = Arena(fd=fds[0])
-            else:
-                slot.outputs.adopt(fds)
-
-    def _outputs(self, slot: Slot, message: Any) -> Any:
-        if message[0].endswith("-raw"):  # what infer returned, pickled: split checks it
-            return _restore(message[1])
-        assert slot.outputs is not None
-        return read_arrays(slot.outputs, message[1], copy=True)
-
     def _output_fault(self, error: NereidError) -> None:
         """Outputs that do not match the config, in the server log (as for a thread
         instance; what model code raised is logged by the process)."""
         if isinstance(error, ModelExecutionError):
-            MODEL_FAULTS.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
+            self.faults.record_message(self.context.model_name, self.context.model_version, "outputs", error.message)
 
     def _died(self, timeout_ms: int | None) -> InstanceDiedError | ExecutionTimeoutError:
         """The error of the batch the process was running when it ended (killed here at
@@ -383,7 +341,7 @@ class ProcessInstance:
         except TimeoutError:
             raise self._died(self.config.execution_timeout_ms) from None
         if message[0] == "error":
-            raise _model_exception(message[1], message[2])
+            raise model_exception(message[1], message[2])
         return message[1]  # type: ignore[no-any-return]
 
     def _cost_arena(self) -> Arena:
@@ -418,9 +376,9 @@ class ProcessInstance:
         t0 = time.monotonic_ns()
         count = len(requests)
         open_requests = set(range(count))
-        started = False
-        slot = self.worker.take_slot()
-        try:
+
+        def exchange(slot: Slot) -> None:
+            started = False
             slot.channel.send(("triton-stream", list(requests)))
             while open_requests or not started:
                 message = self._receive(slot)
@@ -439,13 +397,8 @@ class ProcessInstance:
                 deliver(parts, finished)
                 if final:
                     open_requests.discard(index)
-        except ChannelClosed:
-            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
-        except NereidError as exc:
-            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
-        finally:
-            self.worker.release(slot)
-        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+
+        return self._stream_on_slot(t0, exchange)
 
     def _stream(self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]) -> BatchOutcome:
         t0 = time.monotonic_ns()
@@ -453,24 +406,36 @@ class ProcessInstance:
             inputs = assemble(requests, self.config)
         except NereidError as exc:
             return BatchOutcome(None, exc, 0, 0, 0)
-        slot = self.worker.take_slot()
-        try:
+
+        def exchange(slot: Slot) -> NereidError | None:
             message = self._exchange(slot, "stream", inputs, self._parameters(requests))
             while message[0] != "end":
                 try:
-                    parts = split_step(self._outputs(slot, message), requests, self.config, self.context.model_name)
+                    parts = split_step(reply_outputs(slot, message), requests, self.config, self.context.model_name)
                 except NereidError as exc:  # the step does not match the config: the stream ends
                     self._output_fault(exc)
                     slot.channel.send(("stop",))  # the process closes the generator and says "end"
                     self._receive(slot)  # (or what closing it raised, which then fails the stream)
-                    return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+                    return exc
                 deliver(*parts)
                 slot.channel.send(("stop",) if abandoned() else ("more",))
                 message = self._receive(slot)
+            return None
+
+        return self._stream_on_slot(t0, exchange)
+
+    def _stream_on_slot(self, t0: int, exchange: Callable[[Slot], NereidError | None]) -> BatchOutcome:
+        """Run a stream's ``exchange`` with the process on a free slot (released after):
+        the outcome of a stream begun at ``t0``, failed with the error ``exchange`` returns
+        or raises, or with the process's death."""
+        slot = self.worker.take_slot()
+        error: NereidError | None
+        try:
+            error = exchange(slot)
         except ChannelClosed:
-            return BatchOutcome(None, self._died(None), 0, time.monotonic_ns() - t0, 0)
+            error = self._died(None)
         except NereidError as exc:
-            return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
+            error = exc
         finally:
             self.worker.release(slot)
-        return BatchOutcome([], None, 0, time.monotonic_ns() - t0, 0)
+        return BatchOutcome([] if error is None else None, error, 0, time.monotonic_ns() - t0, 0)

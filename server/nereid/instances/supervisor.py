@@ -10,7 +10,7 @@ ChannelClosed) and starts a new process with a backoff (0.1 s doubling to 10 s, 
 worker asks the kernel to kill it when the server dies (PR_SET_PDEATHSIG), and ends when
 its channels close.
 
-Knows nothing about batches or their outputs (``process_instance.py``).
+Knows nothing about batches or their outputs (``process.py``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Knows nothing about queues, scheduling or HTTP.
 Whatever model code raises fails only the call it was in: an Exception, and as much any
 other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledError of
 the model's own). None of them ends an instance thread, a batcher's worker or the event
-loop. Only the loop cancelling the task that runs the model (``_cancelled``: shutdown, a
-drain timeout) goes on up as a cancellation.
+loop. Only the loop cancelling the task that runs the model (``cancelled_by_loop``:
+shutdown, a drain timeout) goes on up as a cancellation (model_errors.py). The threads
+are instance_threads.py's; the records a batch comes to, outcome.py's.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import queue
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -30,152 +28,20 @@ from nereid.context import ModelContext
 from nereid.tensors.device import DeviceInputs, outputs_to_host
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
-from nereid.faults import MODEL_FAULTS, FaultLog
+from nereid.faults import FaultLog
+from nereid.instances.instance_threads import InstanceThreads
+from nereid.instances.model_errors import as_exception, cancelled_by_loop
+from nereid.instances.outcome import BatchOutcome, StepSink
 from nereid.repository.model_file import ModelClass, describe_exception
 from nereid.triton_python.adapter import TritonModel
+from nereid.triton_python.bls import BlsTarget
 
 __all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
 
 _log = logging.getLogger("nereid")
 
-#: Receives one streamed step on the event loop: each request's own outputs, and whether
-#: that request is finished with this step.
-StepSink = Callable[[list[dict[str, np.ndarray]], list[bool]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOutcome:
-    """The result of one execution: per-request outputs (same order as the requests), or
-    the error that failed the whole batch; the three compute durations; and when the
-    instance began and ended it (``time.monotonic_ns``; 0: not known), which the batcher
-    counts as the instance's busy and idle time."""
-
-    outputs: list[dict[str, np.ndarray]] | None
-    error: NereidError | None
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    began_ns: int = 0
-    ended_ns: int = 0
-
-
-class _InstanceThreads:
-    """The instance's own threads: calls go in through a queue, results come back as
-    asyncio futures resolved on their loop.
-
-    Lighter than ``loop.run_in_executor`` with a ThreadPoolExecutor (no concurrent
-    Future, no work-item lock, no thread-count check per call): that pair was a fifth of
-    the server's time per request on the identity model. Daemon threads, so a model
-    stuck in ``infer`` cannot keep the process alive at exit.
-    """
-
-    def __init__(self, count: int, name: str) -> None:
-        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._stopping: list[asyncio.Future[Any]] | None = None  # what stop() waits for
-        self._threads = [
-            threading.Thread(target=self._serve, name=f"{name}-{index}", daemon=True) for index in range(count)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._calls.put((loop, future, fn, args))
-        return future
-
-    def _serve(self) -> None:
-        calls = self._calls
-        while _run_call(calls.get()):
-            pass
-
-    async def stop(self, timeout: float) -> bool:
-        """Stop every thread once the calls queued before are done, and wait (up to
-        ``timeout`` seconds) until each has let go of its last call and is exiting. False
-        if one is still busy (stuck in model code): a daemon thread, it cannot keep the
-        process alive."""
-        if self._stopping is None:  # once: a second stop would wait for threads long gone
-            self._stopping = [self.call(_stop) for _ in self._threads]  # a thread takes one, then ends
-        done, _ = await asyncio.wait(self._stopping, timeout=timeout)
-        return len(done) == len(self._stopping)
-
-
 #: How long ``ModelInstance.close`` waits for its threads to let go of their last call.
 _STOP_TIMEOUT_S = 2.0
-
-
-def _stop() -> None:
-    """Queued (never called) to tell a thread to answer it and end (``stop``)."""
-
-
-def _run_call(call: Any) -> bool:
-    """Run one queued call and hand its outcome to its loop; False for ``_stop``.
-
-    Its own frame, so that a thread waiting for the next call holds no reference to the
-    last one's function, arguments or result (the model object itself, after the call
-    that built it): those must be released by the loop, never by a daemon thread that
-    may still run while the interpreter shuts down (in 3.11 a daemon thread that needs
-    the GIL then is ended by pthread_exit, which aborts the process when it unwinds
-    through C++ code, as torch's tensor destructors are)."""
-    loop, future, fn, args = call
-    if fn is _stop:
-        loop.call_soon_threadsafe(_resolve, future, None)
-        return False
-    try:
-        result = fn(*args)
-    except BaseException as exc:  # handed to the awaiting coroutine
-        loop.call_soon_threadsafe(_reject, future, exc)
-    else:
-        loop.call_soon_threadsafe(_resolve, future, result)
-    return True
-
-
-def _resolve(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _reject(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        if isinstance(exc, StopIteration):  # a Future refuses it (TypeError): it would never be done
-            error = RuntimeError(f"model code raised {describe_exception(exc)}")
-            error.__cause__ = exc
-            exc = error
-        future.set_exception(exc)
-
-
-def _cancelled(exc: BaseException) -> bool:
-    """Whether ``exc``, caught on the loop, is the loop cancelling the running task
-    (shutdown, a drain timeout): that must go on up. A CancelledError raised by model code
-    itself, while nobody cancels the task, is the model's failure like any exception."""
-    if not isinstance(exc, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
-class _ModelBaseException(Exception):
-    """A BaseException that is not an Exception (SystemExit, KeyboardInterrupt,
-    GeneratorExit, a CancelledError of the model's own), raised by model code where the
-    caller handles Exceptions only: carried as an Exception, so that it fails that call
-    alone. ``_as_exception`` makes one of a class named like the original, so that a
-    message built of type name and text reads as the original's."""
-
-
-#: The _ModelBaseException class made for each BaseException class met (a few at most).
-_CARRIERS: dict[type[BaseException], type[_ModelBaseException]] = {}
-
-
-def _as_exception(exc: BaseException) -> _ModelBaseException:
-    """A _ModelBaseException carrying ``exc`` (its arguments, traceback and, as cause, itself)."""
-    cls = type(exc)
-    carrier = _CARRIERS.get(cls)
-    if carrier is None:
-        namespace = {"__qualname__": cls.__qualname__, "__module__": cls.__module__}
-        carrier = _CARRIERS[cls] = type(cls.__name__, (_ModelBaseException,), namespace)
-    carried = carrier(*exc.args).with_traceback(exc.__traceback__)
-    carried.__cause__ = exc
-    return carried
 
 
 class ModelInstance:
@@ -184,10 +50,18 @@ class ModelInstance:
     and stops the threads. ``capacity`` batches may run at once."""
 
     def __init__(
-        self, model_class: ModelClass, context: ModelContext, config: ModelConfig, faults: FaultLog = MODEL_FAULTS
+        self,
+        model_class: ModelClass,
+        context: ModelContext,
+        config: ModelConfig,
+        faults: FaultLog | None = None,
+        bls: BlsTarget | None = None,
     ) -> None:
         self.model_class = model_class
-        self.faults = faults
+        #: the server's fault log (the model loader's; a log of its own when none is given)
+        self.faults = faults if faults is not None else FaultLog()
+        #: where a Triton model's BLS requests go (its server's models)
+        self.bls = bls
         #: why this instance cannot serve right now (None: it can); set by the batcher
         #: while a batch is stuck past the execution timeout.
         self.problem: str | None = None
@@ -196,7 +70,7 @@ class ModelInstance:
         self.name = context.instance_name
         batching = config.dynamic_batching
         self.capacity = batching.max_concurrent_batches if batching is not None else 1
-        self._threads = _InstanceThreads(self.capacity, self.name)
+        self._threads = InstanceThreads(self.capacity, self.name)
         self._model: Any = None
         self._infer: Callable[..., Any] | None = None
         self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
@@ -225,7 +99,7 @@ class ModelInstance:
         try:
             self._model = await self._threads.call(self._construct)
         except BaseException as exc:  # SystemExit from __init__ too: a failed load, not an exit
-            if _cancelled(exc):
+            if cancelled_by_loop(exc):
                 raise
             self._fault("__init__", exc)
             await self._threads.stop(_STOP_TIMEOUT_S)
@@ -250,7 +124,7 @@ class ModelInstance:
             raise
         except BaseException as exc:  # SystemExit & co: called on the loop by code that handles Exceptions
             self._fault("batch_size", exc)
-            raise _as_exception(exc)
+            raise as_exception(exc)
 
     def _fault(self, stage: str, exc: BaseException) -> None:
         self.faults.record(self.context.model_name, self.context.model_version, stage, exc)
@@ -265,7 +139,7 @@ class ModelInstance:
 
             torch.cuda.set_device(self.context.device)
         if self.model_class.triton:
-            return TritonModel(self.model_class.cls, self.context)
+            return TritonModel(self.model_class.cls, self.context, self.bls)
         if not self.model_class.init_takes_context:
             return self.model_class.cls()
         return self.model_class.cls(self.context)
@@ -281,33 +155,45 @@ class ModelInstance:
         return outcome
 
     def _run_sync(self, requests: Sequence[InferRequest]) -> BatchOutcome:
-        t0 = time.monotonic_ns()
-        inputs = self._assemble(requests, t0)
-        if isinstance(inputs, BatchOutcome):
-            return inputs
-        t1 = time.monotonic_ns()
-        assert self._infer is not None
+        prepared = self._prepare(requests)
+        if isinstance(prepared, BatchOutcome):
+            return prepared
+        t0, t1, call = prepared
         try:
-            raw = self._infer(inputs, *self._parameters(requests))
+            raw = call()
         except BaseException as exc:  # on the instance thread: all of it is the model's
-            return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
+            return self._infer_failed(exc, t0, t1)
         outcome = self._split(raw, requests, t0, t1, time.monotonic_ns())
         return dataclasses.replace(outcome, began_ns=t0, ended_ns=time.monotonic_ns())
 
     async def _run_async(self, requests: Sequence[InferRequest]) -> BatchOutcome:
+        prepared = self._prepare(requests)
+        if isinstance(prepared, BatchOutcome):
+            return prepared
+        t0, t1, call = prepared
+        try:
+            raw = await call()
+        except BaseException as exc:
+            if cancelled_by_loop(exc):
+                raise
+            return self._infer_failed(exc, t0, t1)
+        return self._split(raw, requests, t0, t1, time.monotonic_ns())
+
+    def _prepare(self, requests: Sequence[InferRequest]) -> tuple[int, int, Callable[[], Any]] | BatchOutcome:
+        """When assembly began and ended, and the model's ``infer`` bound to the batch's
+        inputs (and parameters); or the outcome that fails the batch at assembly."""
         t0 = time.monotonic_ns()
         inputs = self._assemble(requests, t0)
         if isinstance(inputs, BatchOutcome):
             return inputs
-        t1 = time.monotonic_ns()
-        assert self._infer is not None
-        try:
-            raw = await self._infer(inputs, *self._parameters(requests))
-        except BaseException as exc:
-            if _cancelled(exc):
-                raise
-            return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
-        return self._split(raw, requests, t0, t1, time.monotonic_ns())
+        infer = self._infer
+        assert infer is not None
+        parameters = self._parameters(requests)
+        return t0, time.monotonic_ns(), lambda: infer(inputs, *parameters)
+
+    def _infer_failed(self, exc: BaseException, t0: int, t1: int) -> BatchOutcome:
+        """The outcome of a batch whose ``infer`` raised ``exc`` (assembled from t0 to t1)."""
+        return BatchOutcome(None, self._execution_error(exc), t1 - t0, time.monotonic_ns() - t1, 0)
 
     def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         """A TritonPythonModel's ``execute`` over the batch's requests, each answered on its
@@ -424,7 +310,7 @@ class ModelInstance:
         try:
             await self._threads.call(self._model.execute_decoupled, requests, deliver, lambda _: abandoned())
         except BaseException as exc:
-            if _cancelled(exc):
+            if cancelled_by_loop(exc):
                 raise
             return self._stream_outcome(t0, exc)
         if open_requests:
@@ -462,7 +348,7 @@ class ModelInstance:
             finally:
                 await steps.aclose()
         except BaseException as exc:
-            if _cancelled(exc):
+            if cancelled_by_loop(exc):
                 raise
             return self._stream_outcome(t0, exc)
         return self._stream_outcome(t0, None)
@@ -510,7 +396,7 @@ class ModelInstance:
             try:
                 await self._threads.call(model.close)
             except BaseException as exc:  # a failing close() must not stop the unload
-                if _cancelled(exc):
+                if cancelled_by_loop(exc):
                     raise
                 self._fault("close", exc)
         self._model = None

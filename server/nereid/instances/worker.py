@@ -1,5 +1,5 @@
 """The process of one process instance (``isolation = "process"``): ``python -m
-nereid.instances.worker FD...``, started by ``process_instance.ProcessInstance``.
+nereid.instances.worker FD...``, started by ``supervisor.WorkerProcess`` for ``process.ProcessInstance``.
 
 It imports ``model.py``, builds the ``Model`` with its ``ModelContext`` (on its device),
 says "ready" with what it learnt of the class, then serves each of its channels on a
@@ -31,12 +31,12 @@ from nereid.config.triton_json import INPUT_TENSORS
 from nereid.tensors.device import DeviceInputs, outputs_to_host
 from nereid.errors import ModelLoadError, NereidError
 from nereid.log import configure_logging
-from nereid.faults import MODEL_FAULTS
+from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
 from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
 from nereid.triton_python.adapter import TritonModel
 
-__all__ = ["main", "worker_outputs"]
+__all__ = ["run_worker", "worker_outputs"]
 
 _log = logging.getLogger("nereid")
 _PR_SET_PDEATHSIG = 1
@@ -90,8 +90,10 @@ class _Worker:
     def __init__(self, channels: list[Channel], init: dict[str, Any]) -> None:
         self.channels = channels
         self.context = init["context"]
+        #: this process's own fault log (its model's failures, logged here with their tracebacks)
+        self.faults = FaultLog()
         self.model_class: ModelClass = load_model_class(
-            init["model_file"], self.context.model_name, self.context.model_version
+            init["model_file"], self.context.model_name, self.context.model_version, self.faults
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         if self.model_class.infer_is_async:
@@ -118,7 +120,7 @@ class _Worker:
             else:
                 self.model = cls(self.context) if self.model_class.init_takes_context else cls()
         except BaseException as exc:
-            MODEL_FAULTS.record(self.context.model_name, self.context.model_version, "__init__", exc)
+            self.faults.record(self.context.model_name, self.context.model_version, "__init__", exc)
             raise ModelLoadError(  # worded as for a thread instance
                 self.context.model_name,
                 f"{init['model_file']}: Model.__init__ failed for instance {self.context.instance_name}: "
@@ -185,7 +187,7 @@ class _Worker:
         return result
 
     def _fault(self, stage: str, exc: BaseException) -> tuple[str, str, str]:
-        MODEL_FAULTS.record(self.context.model_name, self.context.model_version, stage, exc)
+        self.faults.record(self.context.model_name, self.context.model_version, stage, exc)
         return ("error", type(exc).__name__, str(exc))
 
     def _reply(self, channel: Channel, stage: str, fn: Any) -> None:
@@ -298,7 +300,7 @@ class _Worker:
                 self._call(self.model.close)
             except BaseException as exc:  # model code
                 reply = self._fault("close", exc)
-        MODEL_FAULTS.flush(self.context.model_name, self.context.model_version)
+        self.faults.flush(self.context.model_name, self.context.model_version)
         channel.send(reply)
 
 
@@ -357,7 +359,7 @@ def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
     return _Steps()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_worker(argv: list[str] | None = None) -> int:
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
@@ -383,4 +385,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_worker())

@@ -1,7 +1,7 @@
 """Loading and closing one model version: import, instances, warmup, labels, batcher.
 
 ``ModelLoader.load`` turns a version folder into a ServingModel not yet taking traffic;
-``close`` drains and closes one. The model manager decides when (model_manager.py);
+``close`` drains and closes one. The model manager decides when (manager.py);
 tests give it a stub ``Loader`` instead. User code never runs on the event loop here
 (imports and ``__init__`` run in threads).
 """
@@ -24,12 +24,13 @@ from nereid.instances.devices import GpuInventory, isolation_of, placements, res
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
-from nereid.faults import MODEL_FAULTS
+from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
 from nereid.instances.process import ProcessInstance
 from nereid.repository.scan import ModelSource, VersionSource
 from nereid.models.serving import ServingModel
 from nereid.stats import ModelStats
+from nereid.triton_python.bls import BlsTarget
 from nereid.models.warmup import build_samples, run_warmup
 
 __all__ = ["Loader", "ModelLoader", "batcher_for"]
@@ -51,8 +52,12 @@ class Loader(Protocol):
 class ModelLoader:
     """The real Loader: model files from the repository, instances on their devices."""
 
-    def __init__(self) -> None:
+    def __init__(self, bls: BlsTarget | None = None) -> None:
+        """``bls``: where its Triton models' BLS requests go (None: BLS not available)."""
+        self.bls = bls
         self._gpus = GpuInventory()
+        #: this server's log of model-code failures (each traceback once, repeats counted)
+        self.faults = FaultLog()
         # Model constructors run one at a time (each on its instance's own thread): user
         # __init__ code imports libraries, and some (transformers' lazy modules) are not
         # safe to import from two threads at once. Loading stays off the event loop.
@@ -79,32 +84,12 @@ class ModelLoader:
             groups = placements(config)
             if any(isolation_of(group) == "thread" for group, _ in groups):
                 # a process instance imports model.py in its own process, never here
-                model_class = await asyncio.to_thread(load_model_class, version.model_file, name, version.version)
-            for index, (group, device) in enumerate(groups):
-                context = ModelContext(
-                    model_name=name,
-                    model_version=version.version,
-                    instance_name=f"{name}_{index}",
-                    instance_index=index,
-                    device=device,
-                    kind="GPU" if device.startswith("cuda") else "CPU",
-                    config=config_json,
-                    parameters=dict(config.parameters),
-                    model_dir=version.path,
-                    max_batch_size=config.max_batch_size,
-                    device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
+                model_class = await asyncio.to_thread(
+                    load_model_class, version.model_file, name, version.version, self.faults
                 )
-                instance: ModelInstance | ProcessInstance
-                if isolation_of(group) == "process":
-                    instance = ProcessInstance(version.model_file, context, config)
-                    instances.append(instance)
-                    await instance.start()  # its own process: no import lock needed
-                else:
-                    assert model_class is not None
-                    instance = ModelInstance(model_class, context, config)
-                    instances.append(instance)
-                    async with self._construct_lock:
-                        await instance.start()
+            for index, (group, device) in enumerate(groups):
+                context = _instance_context(name, config, config_json, version, index, device)
+                await self._start_instance(instances, isolation_of(group), model_class, context, config, version)
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
             assert model_class is not None
@@ -116,7 +101,7 @@ class ModelLoader:
         except BaseException as exc:
             for instance in instances:
                 await instance.close()
-            MODEL_FAULTS.flush(name, version.version)  # the next load attempt logs its failures afresh
+            self.faults.flush(name, version.version)  # the next load attempt logs its failures afresh
             if model_class is not None:
                 unload_model_module(model_class)
             if isinstance(exc, ModelLoadError):
@@ -132,6 +117,30 @@ class ModelLoader:
         return ServingModel(
             name, version.version, config, config_json, stats, batcher, tuple(instances), model_class, labels
         )
+
+    async def _start_instance(
+        self,
+        instances: list[ModelInstance | ProcessInstance],
+        isolation: str,
+        model_class: ModelClass | None,
+        context: ModelContext,
+        config: ModelConfig,
+        version: VersionSource,
+    ) -> None:
+        """Start one instance (listed in ``instances`` first, so that a failed start is
+        closed with the others): in a process of its own, or on threads of this one
+        (constructors one at a time)."""
+        instance: ModelInstance | ProcessInstance
+        if isolation == "process":
+            instance = ProcessInstance(version.model_file, context, config, self.faults)
+            instances.append(instance)
+            await instance.start()  # its own process: no import lock needed
+            return
+        assert model_class is not None
+        instance = ModelInstance(model_class, context, config, self.faults, self.bls)
+        instances.append(instance)
+        async with self._construct_lock:
+            await instance.start()
 
     async def close(self, serving: ServingModel) -> None:
         """Stop taking requests, let accepted ones finish (the batcher drains its queue and
@@ -149,7 +158,7 @@ class ModelLoader:
             )
         for instance in serving.instances:
             await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
-        MODEL_FAULTS.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
+        self.faults.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
         unload_model_module(serving.model_class)
 
 
@@ -182,6 +191,25 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         rows_of=rows_of,
         streaming=config.decoupled,
         execution_timeout_ms=config.execution_timeout_ms,
+    )
+
+
+def _instance_context(
+    name: str, config: ModelConfig, config_json: dict[str, object], version: VersionSource, index: int, device: str
+) -> ModelContext:
+    """The ModelContext of instance ``index`` of a model version, on ``device``."""
+    return ModelContext(
+        model_name=name,
+        model_version=version.version,
+        instance_name=f"{name}_{index}",
+        instance_index=index,
+        device=device,
+        kind="GPU" if device.startswith("cuda") else "CPU",
+        config=config_json,
+        parameters=dict(config.parameters),
+        model_dir=version.path,
+        max_batch_size=config.max_batch_size,
+        device_id=int(device.split(":")[1]) if device.startswith("cuda") else None,
     )
 
 

@@ -1,7 +1,7 @@
 """ModelManager: which model versions are loaded, their state and reason, and serving.
 
 Owns loading, reloading and unloading as transactions per model (the loader brings one
-version up or down: model_loader.py; what each version shows: model_states.py), the
+version up or down: loader.py; what each version shows: states.py), the
 poll-mode watcher task, and the lookup the surfaces use to reach a running model: its
 serving handle (serving.py). Knows nothing about HTTP.
 """
@@ -29,6 +29,7 @@ from nereid.models.states import (
     VersionStatus,
 )
 from nereid.options import MODEL_CONTROL_MODES
+from nereid.triton_python.bls import BlsTarget
 from nereid.repository.scan import ModelSource, check_model_name, is_model_folder, list_model_names, read_model
 from nereid.repository.watch import ChangeDetector, Changes, fingerprint_repository
 from nereid.models.serving import ServingModel, Ticket
@@ -63,7 +64,7 @@ class ModelManager:
     them becomes ready, traffic moves to them at once, and the previous objects drain
     (queued and running requests finish) and unload. If any one fails, the new objects
     are discarded and the model keeps serving exactly what it served before. How that
-    shows in the index and in readiness: model_states.py.
+    shows in the index and in readiness: states.py.
     """
 
     def __init__(
@@ -74,9 +75,11 @@ class ModelManager:
         startup_models: Iterable[str] = (),
         poll_secs: float = 5.0,
         loader: Loader | None = None,
+        bls: BlsTarget | None = None,
     ) -> None:
         """``loader`` brings one version up and down (tests give a stub; by default
-        ``ModelLoader``: model files from the repository)."""
+        ``ModelLoader``: model files from the repository); ``bls``: where the default
+        loader's Triton models send their BLS requests (the server's other models)."""
         if mode not in MODEL_CONTROL_MODES:
             raise ValueError(f"model control mode: expected one of {', '.join(MODEL_CONTROL_MODES)}, got {mode!r}")
         if mode == "poll" and not poll_secs > 0:
@@ -85,7 +88,7 @@ class ModelManager:
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
-        self._loader: Loader = loader if loader is not None else ModelLoader()
+        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls)
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}

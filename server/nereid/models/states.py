@@ -3,7 +3,7 @@
 A ``ModelRecord`` per model name holds the ServingModel objects that take traffic and,
 per version, a ``VersionStatus`` (READY, UNAVAILABLE, LOADING, UNLOADING, with a
 reason): the rows of the repository index and what strict readiness reads. Its methods
-are the transitions of a load, reload, roll-back and unload (model_manager.py drives
+are the transitions of a load, reload, roll-back and unload (manager.py drives
 them); each runs without awaiting, so nobody ever sees half a transition.
 
 How a failed load shows in the index (Triton's index only says READY there; nereid

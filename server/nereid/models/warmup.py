@@ -43,7 +43,7 @@ class WarmupSample:
     count: int
 
 
-class _Outcome(Protocol):
+class _BatchResult(Protocol):
     @property
     def error(self) -> NereidError | None: ...
 
@@ -115,7 +115,7 @@ async def run_warmup(samples: Sequence[WarmupSample], instances: Sequence[_Insta
                     sample.request, inputs={name: array.copy() for name, array in sample.request.inputs.items()}
                 )
                 try:
-                    outcome: _Outcome = await instance.run_batch([request])
+                    outcome: _BatchResult = await instance.run_batch([request])
                     error = outcome.error
                 except NereidError as exc:
                     error = exc

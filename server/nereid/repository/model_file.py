@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Sequence
 
 from nereid.errors import ModelLoadError
-from nereid.faults import MODEL_FAULTS, FaultLog
+from nereid.faults import FaultLog, describe_exception
 from nereid.triton_python.adapter import install_pb_utils, is_triton_model
 
 __all__ = ["ModelClass", "load_model_class", "unload_model_module", "describe_exception"]
 
 _PACKAGE_PREFIX = "_nereid_models"
+# Process-wide on purpose, as sys.modules is (one interpreter, whatever the servers in it):
+# a unique package name per import, whichever server imports.
 _counter = itertools.count()
 # Imports of different models are serialised: the sibling finder is installed on the
 # global sys.meta_path while one model file executes.
@@ -85,16 +87,23 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
 
 
 def load_model_class(
-    model_file: Path, model_name: str, version: int | None = None, faults: FaultLog = MODEL_FAULTS
+    model_file: Path, model_name: str, version: int | None = None, faults: FaultLog | None = None
 ) -> ModelClass:
     """Import ``model_file`` under a fresh module name and return its ``Model`` class.
 
     Raises ModelLoadError with a reason naming the file for a missing file, an import
-    error (its traceback goes to ``faults``, the reason is its message), a missing
+    error (its traceback goes to ``faults``, the server's fault log, or else a log of its
+    own; the reason is its message), a missing
     ``Model`` class, or a ``Model`` without a callable ``infer``.
     """
     if not model_file.is_file():
         raise ModelLoadError(model_name, f"{model_file}: model file not found", str(model_file))
+    module = _import(model_file, model_name, version, faults if faults is not None else FaultLog())
+    return _model_class_of(module, model_file, model_name)
+
+
+def _import(model_file: Path, model_name: str, version: int | None, faults: FaultLog) -> types.ModuleType:
+    """``model_file`` imported under a fresh package (its sibling modules under it too)."""
     package = f"{_PACKAGE_PREFIX}.{_safe(model_name)}_{next(_counter)}"
     module_name = f"{package}.{model_file.stem}"
     with _import_lock:
@@ -121,6 +130,12 @@ def load_model_class(
                 sibling = sys.modules.pop(name, None)
                 if sibling is not None:
                     sys.modules[f"{package}.{name}"] = sibling
+    return module
+
+
+def _model_class_of(module: types.ModuleType, model_file: Path, model_name: str) -> ModelClass:
+    """The imported module's ``Model`` (or Triton's ``TritonPythonModel``) class, and what
+    its methods are like."""
     cls = getattr(module, "Model", None)
     if not isinstance(cls, type) and is_triton_model(module):
         triton_class = module.TritonPythonModel
@@ -195,11 +210,3 @@ def _ensure_package(name: str, folder: Path | None) -> None:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``TypeName: message`` for reasons and logs (no traceback)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-

@@ -3,7 +3,7 @@
 Triton calls ``initialize(args)`` once per instance, ``execute(requests)`` with the list of
 requests the scheduler batched (one ``InferenceResponse`` back per request, or, for a
 decoupled model, responses sent through each request's sender), and ``finalize()`` at
-unload. ``ModelInstance`` (instance.py) drives this object the same way with the batch
+unload. ``ModelInstance`` (instances/thread.py) drives this object the same way with the batch
 its DynamicBatcher formed: ``execute`` answers each request on its own (an error response
 fails only its request); ``execute_decoupled`` hands each sent response to ``deliver``.
 """
@@ -29,6 +29,7 @@ from nereid.errors import (
 )
 from nereid.inference import InferRequest
 from nereid.triton_python import pb_utils
+from nereid.triton_python.bls import BlsTarget, calls_through
 
 __all__ = ["MODULE_NAME", "TritonModel", "install_pb_utils"]
 
@@ -45,7 +46,7 @@ _ERRORS: dict[int, type[NereidError]] = {
 }
 
 #: One answer of ``execute``: the request's outputs by name, or the error that fails it.
-Answer = dict[str, Any] | NereidError
+RequestAnswer = dict[str, Any] | NereidError
 
 
 def install_pb_utils() -> types.ModuleType:
@@ -59,10 +60,12 @@ def is_triton_model(module: types.ModuleType) -> bool:
 
 
 class TritonModel:
-    """One instance of a user's TritonPythonModel, built on the instance's thread."""
+    """One instance of a user's TritonPythonModel, built on the instance's thread.
+    ``bls``: where its BLS requests go (its server's models; None: BLS not available)."""
 
-    def __init__(self, triton_class: type, context: ModelContext) -> None:
+    def __init__(self, triton_class: type, context: ModelContext, bls: BlsTarget | None = None) -> None:
         self.name = context.model_name
+        self.bls = bls
         self.model = triton_class()
         config = dict(context.config)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
@@ -78,12 +81,14 @@ class TritonModel:
         }
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            initialize(args)
+            with calls_through(bls):
+                initialize(args)
 
-    def execute(self, requests: Sequence[InferRequest]) -> list[Answer]:
+    def execute(self, requests: Sequence[InferRequest]) -> list[RequestAnswer]:
         """One answer per request, in order. Raises what the model raises (the whole batch
         fails), or ModelExecutionError when ``execute`` does not answer every request."""
-        responses = _settled(self.model.execute([self._request(request) for request in requests]))
+        with calls_through(self.bls):
+            responses = _settled(self.model.execute([self._request(request) for request in requests]))
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
             raise ModelExecutionError(
@@ -94,7 +99,7 @@ class TritonModel:
         return [self._answer(response) for response in responses]
 
     def execute_decoupled(
-        self, requests: Sequence[InferRequest], deliver: Callable[[int, Answer | None, bool], None],
+        self, requests: Sequence[InferRequest], deliver: Callable[[int, RequestAnswer | None, bool], None],
         cancelled: Callable[[int], bool],
     ) -> None:
         """Start a decoupled batch: each response a request's sender sends reaches
@@ -110,7 +115,8 @@ class TritonModel:
             wrapped._sender = pb_utils.InferenceResponseSender(send)
             wrapped._cancelled = lambda index=index: cancelled(index)  # type: ignore[misc]
             batch.append(wrapped)
-        result = _settled(self.model.execute(batch))
+        with calls_through(self.bls):
+            result = _settled(self.model.execute(batch))
         if result is not None:
             raise ModelExecutionError(
                 f'model "{self.name}": a decoupled model\'s execute must return None and send its responses '
@@ -134,7 +140,7 @@ class TritonModel:
             timeout=request.timeout_us or 0, parameters=parameters,
         )
 
-    def _answer(self, response: Any) -> Answer:
+    def _answer(self, response: Any) -> RequestAnswer:
         if not isinstance(response, pb_utils.InferenceResponse):
             return ModelExecutionError(
                 f'model "{self.name}": expected a pb_utils.InferenceResponse, got {type(response).__name__}',

@@ -1,31 +1,11 @@
-"""Prometheus metrics for the metrics port: Triton's per-model series plus nereid's
-batching view, read from ModelStats at scrape time, and the tiny listener serving them.
-
-The only module that knows prometheus_client. Each server builds its own ``Metrics``
-(its own CollectorRegistry), so two servers in one process never share a series.
-Nothing is counted twice: a Collector turns the ModelStats counters the batcher keeps
-into metric families when ``/metrics`` is scraped.
-
-Two choices worth knowing:
-
-* Text rendering is done here, not by ``prometheus_client.generate_latest``: that one
-  renames every counter to ``<name>_total``, and Triton's series (and the dashboards and
-  tools written for them) have no such suffix. The renderer below writes Prometheus text
-  format 0.0.4 with the names as given, integral values without a decimal point, labels
-  sorted, as Triton's prometheus-cpp does.
-* The listener is a minimal HTTP/1.1 responder on ``asyncio.start_server`` in the
-  server's own event loop, so it works the same under uvicorn, hypercorn and granian and
-  reads the statistics on the thread that writes them. It answers exactly what Triton's
-  metrics port answers: ``GET /metrics`` (or ``/metrics/``) the text, any other GET path
-  200 with an empty body, any other method 405.
+"""The metric families of one server: Triton's per-model series plus nereid's batching
+view, read from ModelStats at scrape time (``ModelStatsCollector``), the refusals of
+restricted groups, each server's own registry (``Metrics``), and the Prometheus text
+they are rendered as (``render``). The listener serving them is ``listener.py``'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 import math
 from operator import attrgetter
 from dataclasses import dataclass
@@ -34,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from nereid.network.access import Refusals, Restriction
+from nereid.network.access import Refusals
 from nereid.models.manager import ModelManager
 from nereid.stats import QUEUE_BUCKETS_US, ModelStats
 
@@ -42,13 +22,10 @@ __all__ = [
     "BATCH_SIZE_BUCKETS",
     "CONTENT_TYPE",
     "Metrics",
-    "MetricsListener",
     "ModelReading",
     "ModelStatsCollector",
     "render",
 ]
-
-_log = logging.getLogger("nereid.metrics")
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 #: Upper bounds of the batch-size histogram (rows per executed batch).
@@ -291,145 +268,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return render(self.registry)
-
-
-# -- the listener -------------------------------------------------------------------------
-
-_MAX_HEADER_LINES = 100
-_MAX_BODY = 1 << 20
-_IDLE_SECONDS = 75.0
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed"}
-
-
-class MetricsListener:
-    """A minimal HTTP/1.1 server for the metrics port, on the running event loop.
-
-    ``await listener.start(host, port)`` binds (port 0 picks one; ``listener.port``
-    tells which); ``await listener.aclose()`` stops listening and drops connections.
-    Keep-alive and pipelined requests are served in order; request bodies are read and
-    ignored; anything unparsable gets 400 and the connection is closed.
-    """
-
-    def __init__(
-        self, render: Callable[[], bytes], restriction: Restriction | None = None, refusals: Refusals | None = None,
-    ) -> None:
-        self._render = render
-        #: --metrics-restricted-api: the header every request needs (None: none)
-        self._restriction = restriction
-        self._refusals = refusals if refusals is not None else Refusals()
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
-        self.port: int | None = None
-
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._connection, host, port, limit=64 * 1024)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-
-    async def aclose(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await server.wait_closed()
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            while await self._one_request(reader, writer):
-                pass
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
-            pass
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request; True to keep the connection for the next one."""
-        line = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
-        while line in (b"\r\n", b"\n"):  # stray CRLF between requests (RFC 9112 §2.2)
-            line = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
-        if not line:
-            return False
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _respond(writer, 400, b"", close=True)
-            return False
-        method, target, version = parts
-        keep_alive = version == "HTTP/1.1"
-        length = 0
-        chunked = False
-        restriction = self._restriction
-        presented: str | None = None
-        for _ in range(_MAX_HEADER_LINES):
-            header = await asyncio.wait_for(reader.readline(), _IDLE_SECONDS)
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.decode("latin-1").partition(":")
-            name = name.strip().lower()
-            value = value.strip()
-            if name == "content-length":
-                if not value.isdigit():
-                    await _respond(writer, 400, b"", close=True)
-                    return False
-                length = int(value)
-            elif name == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-            elif restriction is not None and name == restriction.name and presented is None:
-                presented = value
-            elif name == "connection":
-                tokens = {t.strip().lower() for t in value.split(",")}
-                if "close" in tokens:
-                    keep_alive = False
-                elif "keep-alive" in tokens:
-                    keep_alive = True
-        else:
-            await _respond(writer, 400, b"", close=True)
-            return False
-        if chunked or length > _MAX_BODY:
-            keep_alive = False  # the body is not read: the connection cannot be reused
-        elif length:
-            await reader.readexactly(length)
-        path = target.split("?", 1)[0]
-        if "://" in path:  # absolute-form target
-            path = "/" + path.split("://", 1)[1].partition("/")[2]
-        if restriction is not None and not restriction.allows(presented):
-            self._refusals.count("metrics", "metrics")
-            body = json.dumps({"error": restriction.http_message()}, separators=(",", ":")).encode()
-            await _respond(writer, 403, body, close=not keep_alive, content_type="application/json",
-                           head_only=method == "HEAD")
-        elif method != "GET":
-            await _respond(writer, 405, b'{"error":"Method Not Allowed"}', close=not keep_alive,
-                           content_type="application/json", head_only=method == "HEAD")
-        elif path in ("/metrics", "/metrics/"):
-            await _respond(writer, 200, self._render(), close=not keep_alive)
-        else:
-            await _respond(writer, 200, b"", close=not keep_alive)
-        return keep_alive
-
-
-async def _respond(
-    writer: asyncio.StreamWriter,
-    status: int,
-    body: bytes,
-    *,
-    close: bool,
-    content_type: str = CONTENT_TYPE,
-    head_only: bool = False,
-) -> None:
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        + ("Connection: close\r\n" if close else "")
-        + "\r\n"
-    )
-    writer.write(head.encode("latin-1") + (b"" if head_only else body))
-    await writer.drain()

@@ -1,0 +1,52 @@
+"""Business Logic Scripting: how a TritonPythonModel's ``InferenceRequest.exec()`` reaches
+its own server's models.
+
+Two servers may share a process, and user code imports one ``triton_python_backend_utils``
+for all of them, so the way to the server is no module attribute: each TritonModel holds
+its server's ``BlsTarget`` (the model loader hands it over) and runs ``initialize`` and
+``execute`` inside ``calls_through(target)``, which sets it in a context variable. Code
+that ``execute`` calls, awaits, or runs with ``asyncio.to_thread`` sees it (contexts are
+copied there); a thread the model starts itself sees it when started in
+``contextvars.copy_context().run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+if TYPE_CHECKING:
+    from nereid.triton_python.messages import InferenceRequest, InferenceResponse
+
+__all__ = ["BlsTarget", "calls_through", "current_target"]
+
+
+class BlsTarget(Protocol):
+    """One server's way to run a model's BLS requests (``nereid.local.ServerBls``)."""
+
+    def infer(self, request: InferenceRequest, /) -> InferenceResponse:
+        """Run ``request`` on the named model; its response (an error response on failure)."""
+
+    def stream(self, request: InferenceRequest, /) -> Iterator[InferenceResponse]:
+        """Run ``request`` on the named (decoupled) model; its responses as they come."""
+
+
+#: The target of the model code running in this context (None: no server, or a process
+#: instance, where BLS is not available). A context variable, not shared state.
+_target: contextvars.ContextVar[BlsTarget | None] = contextvars.ContextVar("nereid_bls_target", default=None)
+
+
+@contextlib.contextmanager
+def calls_through(target: BlsTarget | None) -> Iterator[None]:
+    """Model code run inside this block sends its BLS requests to ``target``."""
+    token = _target.set(target)
+    try:
+        yield
+    finally:
+        _target.reset(token)
+
+
+def current_target() -> BlsTarget | None:
+    """The BLS target of the model code running now (None: BLS is not available)."""
+    return _target.get()
