@@ -191,6 +191,9 @@ class ModelInstance:
         #: why this instance cannot serve right now (None: it can); set by the batcher
         #: while a batch is stuck past the execution timeout.
         self.problem: str | None = None
+        #: the batcher times its batches where an execution timeout is set (a thread
+        #: stuck in model code cannot be stopped)
+        self.enforces_timeout = False
         self.context = context
         self.config = config
         self.name = context.instance_name
