@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -273,15 +273,15 @@ class ModelInstance:
             return self.model_class.cls()
         return self.model_class.cls(self.context)
 
-    async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
-        """Execute one batch: never raises for model errors (they come back in the outcome)."""
+    def run_batch(self, requests: Sequence[InferRequest], /) -> Awaitable[BatchOutcome]:
+        """Execute one batch: never raises for model errors (they come back in the outcome).
+        A model run on the instance's threads has the batch when this returns: the result
+        is their future (no task between the batcher and the thread)."""
         if self.model_class.triton:
-            triton_outcome: BatchOutcome = await self._threads.call(self._run_triton, requests)
-            return triton_outcome
+            return self._threads.call(self._run_triton, requests)
         if self.model_class.infer_is_async:
-            return await self._run_async(requests)
-        outcome: BatchOutcome = await self._threads.call(self._run_sync, requests)
-        return outcome
+            return self._run_async(requests)
+        return self._threads.call(self._run_sync, requests)
 
     def _run_sync(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         t0 = time.monotonic_ns()

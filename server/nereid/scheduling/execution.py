@@ -129,25 +129,37 @@ class Execution:
     def start(self, instance: Instance, batch: tuple[Pending, ...]) -> tuple[asyncio.Future[Outcome | None], bool]:
         """Hand ``batch`` to ``instance`` now: the future of its Outcome (None: it ran past
         the execution timeout, its requests are answered), and whether the instance has
-        the batch already (it gave its own future). Otherwise the future is a task that
-        starts on the loop's next turn, before any callback scheduled after it."""
-        try:
-            if self.timed(instance):
-                return asyncio.ensure_future(self.run(instance, batch)), False
-            running = instance.run_batch([pending.request for pending in batch])
-            return asyncio.ensure_future(running), asyncio.isfuture(running)
-        except BaseException as exc:  # the instance's to report, never to end the caller with
-            future: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
-            future.set_result(self.contained(instance, exc))
-            return future, True
+        the batch already (it gave its own future, its result as is). Otherwise the future
+        is a task (``run``) that starts on the loop's next turn, before any callback
+        scheduled after it."""
+        if not self.timed(instance):
+            try:
+                running = instance.run_batch([pending.request for pending in batch])
+            except BaseException as exc:  # the instance's to report, never to end the caller with
+                done: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+                done.set_result(self.contained(instance, exc))
+                return done, True
+            if asyncio.isfuture(running):
+                return running, True
+            return asyncio.ensure_future(self._contain(instance, running)), False
+        return asyncio.ensure_future(self.run(instance, batch)), False
 
     async def run(self, instance: Instance, batch: tuple[Pending, ...]) -> Outcome | None:
         """Run ``batch`` on ``instance``: its Outcome (what the instance raised, contained in
         one), or None when it ran past the execution timeout (its requests are answered)."""
+        if self._timeout_s is not None and not instance.enforces_timeout:
+            return await self._contain(instance, self._run_timed(instance, batch, self._timeout_s))
         try:
-            if self._timeout_s is not None and not instance.enforces_timeout:
-                return await self._run_timed(instance, batch, self._timeout_s)
-            return await instance.run_batch([pending.request for pending in batch])
+            running = instance.run_batch([pending.request for pending in batch])
+        except BaseException as exc:  # the instance's to report, never to end a worker with
+            return self.contained(instance, exc)
+        return await self._contain(instance, running)
+
+    async def _contain(self, instance: Instance, running: Awaitable[Outcome | None]) -> Outcome | None:
+        """``running``'s Outcome, or what it raised contained in one (a coroutine run as a
+        task must not raise a SystemExit & co: the loop would stop)."""
+        try:
+            return await running
         except BaseException as exc:  # the instance's to report, never to end a worker with
             return self.contained(instance, exc)
 
