@@ -359,7 +359,9 @@ class ModelInstance:
     def _split(self, raw: Any, requests: Sequence[InferRequest], t0: int, t1: int, t2: int) -> BatchOutcome:
         """Each request's outputs from the model's return value, with the three durations."""
         try:
-            outputs = split(outputs_to_host(raw), requests, self.config, self.context.model_name)
+            if self.context.device != "cpu":  # CUDA tensors: one copy for the batch
+                raw = outputs_to_host(raw)
+            outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)

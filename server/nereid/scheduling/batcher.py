@@ -18,11 +18,11 @@ from typing import Any, AsyncGenerator, Callable, Sequence
 
 from nereid.config.schema import DynamicBatching
 from nereid.errors import NereidError, RequestTimeoutError, UnavailableError
-from nereid.scheduling.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock, wake
+from nereid.scheduling.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock
 from nereid.scheduling.execution import Execution, Instance, Outcome
-from nereid.scheduling.pending import Answer, CallbackAnswer, InOrder, OnAnswer, Pending, Stream
+from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, InOrder, OnAnswer, Pending, Stream
 from nereid.scheduling.queue import RequestQueue
-from nereid.scheduling.staging import Running, Stage
+from nereid.scheduling.staging import Running, Stage, Stager
 from nereid.stats import ModelStats
 
 __all__ = ["DynamicBatcher", "Instance", "Outcome"]
@@ -73,13 +73,16 @@ class DynamicBatcher:
         self._closed = False
         self._executing = 0
         self._idle = 0  # slots waiting in _next_batch
-        self._stages: list[Stage] = []  # busy slots that may hand their next batch over early
         self._typical_ns = 0  # how long a batch runs, lately (a moving average; 0: none ran yet)
-        self._last_arrival_ns = 0
         self._timer = clock.precise_timer(model_name)
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
-        self._execution = Execution(model_name, stats, rows_of, self._order, self._fail, self._clock, execution_timeout_ms)
+        self._answers = Answers(stats, rows_of, self._order, self._clock)
+        self._formation_ns = 0  # how long forming the last batch took (``_form``)
+        #: busy slots that may hand their next batch over early
+        self._stager = Stager(self._queue, self._clock, self._call_at, self._form, self._launch, lambda: self._idle)
+        self._execution = Execution(model_name, stats, rows_of, self._answers.fail, self._answer_rerun, self._clock,
+                                    execution_timeout_ms)
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
         """Change the batch bound at run time (applies to batches formed from now on)."""
@@ -88,7 +91,7 @@ class DynamicBatcher:
     def set_max_queue_delay(self, microseconds: int) -> None:
         """Change the queue delay at run time."""
         self._queue.set_max_queue_delay(microseconds)
-        wake(self._arrival)
+        self._wake_idle()
 
     @property
     def queue_depth(self) -> int:
@@ -104,6 +107,7 @@ class DynamicBatcher:
     async def __aenter__(self) -> DynamicBatcher:
         if isinstance(self._time, SystemClock):  # real time's timers are the loop's own
             self._call_at = asyncio.get_running_loop().call_at
+        self._stager.call_at = self._call_at
         for instance in self.instances:
             for slot in range(instance.capacity):
                 self._workers.append(asyncio.create_task(self._worker(instance), name=f"nereid-batcher-{instance.name}-{slot}"))
@@ -119,8 +123,8 @@ class DynamicBatcher:
         (batches abandoned in the model)."""
         if self._closed:
             return True
-        self._closed = True
-        wake(self._arrival)
+        self._closed = self._stager.closed = True
+        self._wake_idle()
         done, pending = await asyncio.wait(self._workers, timeout=drain_timeout) if self._workers else (set(), set())
         for task in pending:
             task.cancel()
@@ -129,7 +133,7 @@ class DynamicBatcher:
         while len(self._queue):
             decision = self._queue.decide(self._clock(), flush=True)
             for item in decision.batch + decision.expired:
-                self._fail(item, UnavailableError(f"model '{self.model_name}' was unloaded"))
+                self._answers.fail(item, UnavailableError(f"model '{self.model_name}' was unloaded"))
         self._workers.clear()
         return not pending
 
@@ -202,10 +206,11 @@ class DynamicBatcher:
             raise
         if self._order is not None:
             self._order.track(pending)
-        self._last_arrival_ns = now
-        wake(self._arrival)
-        for stage in self._stages:
-            self._try_stage(stage)
+        self._wake_idle()
+        stager = self._stager
+        stager.last_arrival_ns = now
+        if stager.stages:
+            stager.arrived()
         if deadline_ns:
             # Timeouts fire even while every instance is busy and nobody forms a batch.
             self._call_at(deadline_ns / 1e9, self._expire_timeouts)
@@ -227,7 +232,8 @@ class DynamicBatcher:
             await self._stream_worker(instance)
             return
         execution = self._execution
-        stages = instance.queues_batches and not self._queue.timed and not execution.timed(instance)
+        timed = execution.timed(instance)
+        stages = instance.queues_batches and not self._queue.timed and not timed
         current: Running | None = None
         following: Running | None = None
         try:
@@ -236,22 +242,24 @@ class DynamicBatcher:
                     batch = await self._next_batch()
                     if batch is None:
                         return
-                    current = self._launch(instance, batch)
+                    current = self._launch(instance, batch, timed)
                 outcome, following = await self._finish(instance, current, stages)
                 ended = self._clock()
                 if following is None and len(self._queue):
                     batch = self._take_now()
                     if batch:
-                        following = self._launch(instance, batch)
+                        following = self._launch(instance, batch, timed)
                 self._executing -= 1
-                self._count_busy(current, outcome, ended, following)
-                if outcome is not None and execution.retries(outcome, current.batch):
-                    await execution.rerun_each(instance, current.batch)
-                elif outcome is not None:
-                    if following is None or following.handed:
-                        execution.answer(current.batch, current.started, outcome)
-                    else:  # after the next batch's task has started (it was scheduled first)
-                        asyncio.get_running_loop().call_soon(execution.answer, current.batch, current.started, outcome)
+                scheduling = self._scheduling(current, outcome, ended, following)
+                if outcome is None or (outcome.error is not None and execution.retries(outcome, current.batch)):
+                    self.stats.record_scheduling(*scheduling)
+                    if outcome is not None:
+                        await execution.rerun_each(instance, current.batch)
+                elif following is None or following.handed:
+                    self._answer(current.batch, current.started, outcome, scheduling)
+                else:  # after the next batch's task has started (it was scheduled first)
+                    asyncio.get_running_loop().call_soon(
+                        self._answer, current.batch, current.started, outcome, scheduling)
                 current, following = following, None
         except asyncio.CancelledError:  # aclose gave up on them: their requests get an answer
             for running in (current, following):
@@ -259,81 +267,58 @@ class DynamicBatcher:
                     self._unloaded(running)
             raise
 
+    def _launch(self, instance: Instance, batch: tuple[Pending, ...], timed: bool = False, /) -> Running:
+        """Hand ``batch`` to ``instance`` now. Where the instance gives its own future, the
+        batch is with it already (``handed``); else the future is a task that starts on
+        the loop's next turn, before any callback scheduled after it. ``timed``: it runs
+        under the execution timeout (``Execution.run``)."""
+        self._executing += 1
+        execution = self._execution
+        future: asyncio.Future[Outcome | None]
+        handed = False
+        if timed:
+            future = asyncio.ensure_future(execution.run(instance, batch))
+        else:
+            try:
+                running = instance.run_batch([pending.request for pending in batch])
+            except BaseException as exc:  # the instance's to report, never to end the caller with
+                running = asyncio.get_running_loop().create_future()
+                running.set_result(execution.contained(instance, exc))
+            handed = asyncio.isfuture(running)
+            future = running if asyncio.isfuture(running) else asyncio.ensure_future(execution.contain(instance, running))
+        return Running(batch, future, self._clock(), handed, formation_ns=self._formation_ns)
+
     async def _finish(self, instance: Instance, current: Running, stages: bool) -> tuple[Outcome | None, Running | None]:
         """Wait for ``current`` to return (while it runs, its slot's next batch may be
-        handed over: ``_try_stage``): its Outcome, and the next batch if handed over."""
+        handed over: ``Stager.look``): its Outcome, and the next batch if handed over."""
         stage: Stage | None = None
         if stages:
             stage = Stage(instance, current, self._typical_ns if len(self._workers) == 1 else 0)
-            self._stages.append(stage)
-            self._try_stage(stage)
+            self._stager.stages.append(stage)
+            if len(self._queue):
+                self._stager.look(stage)
         try:
             return await current.future, None if stage is None else stage.following
         except BaseException as exc:  # the instance's to report, never to end this worker with
             return self._execution.contained(instance, exc), None if stage is None else stage.following
         finally:
             if stage is not None:
-                self._unstage(stage)
+                self._stager.stages.remove(stage)
+                if stage.timer is not None:
+                    stage.timer.cancel()
 
-    def _try_stage(self, stage: Stage) -> None:
-        """Hand ``stage``'s slot its next batch now if ``Stage.decide`` says so; else look
-        again when it says (a timer) or when a request arrives (``_enqueue``)."""
-        if self._closed or stage.following is not None:
-            return
-        queue = self._queue
-        now = self._clock()
-        decision = stage.decide(now, idle_slots=self._idle, full=queue.full, queued_cost=queue.queued_cost,
-                                last_arrival_ns=self._last_arrival_ns)
-        wake_at = decision.wake_at
-        if decision.now:
-            batch, queue_wake_at = self._form(only_full=decision.only_full)
-            if batch:
-                queue.hold(batch)
-                staged = stage.following = self._launch(stage.instance, batch)
-                staged.held = staged.ahead = True
-                self._unstage(stage)
-                return
-            if wake_at is not None and queue_wake_at is not None:  # the queue delay holds it back
-                wake_at = max(wake_at, queue_wake_at)
-        if wake_at is None or wake_at <= now or not len(queue):
-            return  # nothing to look at before a request arrives
-        if stage.timer is not None:
-            if stage.timer_at <= wake_at:
-                return  # it looks again then, and again later if need be
-            stage.timer.cancel()
-        stage.timer_at = wake_at
-        stage.timer = self._call_at(wake_at / 1e9, self._stage_timer, stage)
-
-    def _stage_timer(self, stage: Stage) -> None:
-        stage.timer = None
-        if stage in self._stages:
-            self._try_stage(stage)
-
-    def _unstage(self, stage: Stage) -> None:
-        """``stage``'s slot handed its next batch over, or its batch returned."""
-        if stage in self._stages:
-            self._stages.remove(stage)
-        if stage.timer is not None:
-            stage.timer.cancel()
-            stage.timer = None
-
-    def _launch(self, instance: Instance, batch: tuple[Pending, ...]) -> Running:
-        """Hand ``batch`` to ``instance`` (``Execution.start``)."""
-        self._executing += 1
-        future, handed = self._execution.start(instance, batch)
-        return Running(batch, future, self._clock(), handed)
-
-    def _count_busy(self, current: Running, outcome: Outcome | None, ended: int, following: Running | None) -> None:
-        """Count ``current``'s time on its instance (the instance's own times when it reports
-        them, else as the loop saw them) and the idle time before it; ``following`` could
-        start once it ended."""
-        stats = self.stats
+    def _scheduling(self, current: Running, outcome: Outcome | None, ended: int,
+                    following: Running | None) -> tuple[int, int | None, int]:
+        """``current``'s scheduling figures (``ModelStats.record_scheduling``): its time on
+        its instance (the instance's own times when it reports them, else as the loop saw
+        them), the instance's idle time before it (None: it was not ready when the one
+        before ended) and its formation time. ``following`` could start once it ended."""
         began = outcome.began_ns if outcome is not None and outcome.began_ns else current.started
         finished = outcome.ended_ns if outcome is not None and outcome.ended_ns else ended
+        idle = None
         if current.after is not None:  # handed over ahead: it began once the one before ended
             began = max(began, current.after)
-            stats.idle_between.add(max(0, began - current.after))  # it was ready when that one ended
-        stats.busy.add(finished - began)
+            idle = max(0, began - current.after)
         if outcome is not None and outcome.error is None:
             typical = self._typical_ns
             self._typical_ns = finished - began if not typical else (7 * typical + finished - began) // 8
@@ -342,13 +327,28 @@ class DynamicBatcher:
             following.started = max(following.started, ended)
             following.after = finished
             self._begun(following)
+        return finished - began, idle, current.formation_ns
+
+    def _answer(self, batch: tuple[Pending, ...], started: int, outcome: Outcome,
+                scheduling: tuple[int, int | None, int] | None) -> None:
+        """Answer a batch that began on its instance at ``started`` and returned (from the
+        loop once the instance has its next batch; ``Answers``)."""
+        if outcome.error is not None:
+            self._answers.batch_failed(batch, outcome.error, scheduling)
+        else:
+            assert outcome.outputs is not None
+            self._answers.batch(batch, started, outcome.outputs,
+                                (outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns), scheduling)
+
+    def _answer_rerun(self, batch: tuple[Pending, ...], started: int, outcome: Outcome) -> None:
+        self._answer(batch, started, outcome, None)
 
     def _unloaded(self, running: Running) -> None:
         """aclose gave up on ``running``: its requests fail."""
         self._begun(running)
         running.future.cancel()
         for pending in running.batch:
-            self._fail(pending, UnavailableError(f"model '{self.model_name}' was unloaded while this request ran in it"))
+            self._answers.fail(pending, UnavailableError(f"model '{self.model_name}' was unloaded while this request ran in it"))
 
     async def _stream_worker(self, instance: Instance) -> None:
         """One slot of a decoupled model's instance: a batch at a time."""
@@ -356,12 +356,13 @@ class DynamicBatcher:
             batch = await self._next_batch()
             if batch is None:
                 return
+            self.stats.formation.add(self._formation_ns)
             self._executing += 1
             try:
                 await self._execution.execute_stream(instance, batch)
             except asyncio.CancelledError:  # aclose gave up on it: its requests get an answer
                 for pending in batch:
-                    self._fail(pending, UnavailableError(
+                    self._answers.fail(pending, UnavailableError(
                         f"model '{self.model_name}' was unloaded while this request ran in it"))
                 raise
             finally:
@@ -375,18 +376,18 @@ class DynamicBatcher:
 
     # -- forming batches -----------------------------------------------------------------
 
-    def _form(self, only_full: bool = False) -> tuple[tuple[Pending, ...], int | None]:
+    def _form(self, only_full: bool = False, /) -> tuple[tuple[Pending, ...], int | None]:
         """The batch due now (empty if none) and, if none, when the queue next wants a look
         (None: only on an arrival); requests whose timeout expired fail. The time it took
-        counts as ``batch_formation``."""
+        is ``_formation_ns`` (``batch_formation``, counted with the batch)."""
         while True:
             started = self._clock()
             decision = self._queue.decide(started, flush=self._closed, only_full=only_full)
             for item in decision.expired:
-                self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
+                self._answers.fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
             live = tuple(item for item in decision.batch if not item.answer.done())
             if live:
-                self.stats.formation.add(self._clock() - started)
+                self._formation_ns = self._clock() - started
                 return live, None
             if not decision.batch:
                 return (), decision.wake_at_ns
@@ -406,14 +407,21 @@ class DynamicBatcher:
                     if batch:
                         return batch
                     if closing and len(self._queue) == 0:
-                        wake(self._arrival)  # let the next idle slot see it too
+                        self._wake_idle()  # let the next idle slot see it too
                         return None
                     await self._arrival_or(loop, wake_at)
         finally:
             self._idle -= 1
 
+    def _wake_idle(self) -> None:
+        """Wake the idle slot waiting in ``_arrival_or``, if any: a request arrived, its
+        wait is over, or something changed (clock.wake, here: called once per request)."""
+        arrival = self._arrival
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)
+
     async def _arrival_or(self, loop: asyncio.AbstractEventLoop, wake_at: int | None) -> None:
-        """Wait for an arrival (or a change: ``wake(self._arrival)``), or until ``wake_at``."""
+        """Wait for an arrival (or a change: ``_wake_idle``), or until ``wake_at``."""
         arrival = self._arrival = loop.create_future()
         timer = None
         precise = False
@@ -422,7 +430,7 @@ class DynamicBatcher:
                 self._timer.wake_at(wake_at, arrival)
                 precise = True
             else:
-                timer = self._call_at(wake_at / 1e9, wake, arrival)
+                timer = self._call_at(wake_at / 1e9, self._wake_idle)
         try:
             await arrival
         finally:
@@ -433,13 +441,4 @@ class DynamicBatcher:
 
     def _expire_timeouts(self) -> None:
         for item in self._queue.expire(self._clock()):
-            self._fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")
-
-    def _fail(self, pending: Pending, error: NereidError, reason: str = "OTHER") -> None:
-        if pending.answer.done():
-            return
-        if self._order is None:
-            pending.answer.set_exception(error)
-        else:
-            self._order.answer(pending, False, error)
-        self.stats.record_failure(self._clock() - pending.received_ns, reason)
+            self._answers.fail(item, RequestTimeoutError("Request timeout expired"), "REJECTED")

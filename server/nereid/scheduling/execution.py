@@ -1,11 +1,12 @@
-"""How one batch runs on one instance and how it is answered.
+"""What the batcher needs of an instance, and what it does when a batch goes wrong.
 
-What the batcher needs of an instance (``Instance``) and what an instance reports for a
+What the batcher uses of an instance (``Instance``) and what an instance reports for a
 batch (``Outcome``); a failure the instance raised instead of reporting it, contained in
 one (``Failed``); the execution timeout, past which an instance stuck in model code
-leaves rotation until its batch returns; and the answers of a batch that returned
-(statistics first, then each request's answer). Knows nothing about queues, nor about
-when a batch is formed or handed over (batcher.py, staging.py).
+leaves rotation until its batch returns; a failed batch rerun a request at a time to
+find the culprit; and a decoupled model's batch, streamed. The common path (hand a batch
+over, answer it) is the batcher's own (batcher.py). Knows nothing about queues, nor
+about when a batch is formed or handed over (batcher.py, staging.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import numpy as np
 
 from nereid.errors import ExecutionTimeoutError, InternalError, ModelExecutionError, NereidError
-from nereid.scheduling.pending import InOrder, Pending, Stream
+from nereid.scheduling.pending import Pending, Stream
 from nereid.stats import ModelStats
 
 __all__ = ["Execution", "Failed", "Instance", "Outcome", "StepSink"]
@@ -100,62 +101,46 @@ class Failed:
 
 #: ``fail(pending, error, reason)``: answer one request with an error and count it.
 Fail = Callable[[Pending, NereidError, str], None]
+#: ``answer(batch, started, outcome)``: answer a batch that returned (the batcher's).
+AnswerBatch = Callable[[tuple[Pending, ...], int, Outcome], None]
 
 
 class Execution:
-    """Runs one model's batches on its instances and answers them.
+    """What one model's batcher does when a batch does not simply run and return.
 
-    ``fail`` answers a request with an error (the batcher's: it keeps preserve_ordering);
-    ``execution_timeout_ms`` (0: none) bounds a batch on an instance that does not
-    enforce it itself."""
+    ``fail`` answers a request with an error, ``answer`` a batch (the batcher's: they
+    keep preserve_ordering and the statistics); ``execution_timeout_ms`` (0: none) bounds
+    a batch on an instance that does not enforce it itself."""
 
     def __init__(
-        self, model_name: str, stats: ModelStats, rows_of: Callable[[Any], int], order: InOrder | None,
-        fail: Fail, clock: Callable[[], int], execution_timeout_ms: int,
+        self, model_name: str, stats: ModelStats, rows_of: Callable[[Any], int], fail: Fail, answer: AnswerBatch,
+        clock: Callable[[], int], execution_timeout_ms: int,
     ) -> None:
         self.model_name = model_name
         self.stats = stats
         self._rows_of = rows_of
-        self._order = order
         self._fail = fail
+        self._answer = answer
         self._clock = clock
         self._timeout_s = execution_timeout_ms / 1000 if execution_timeout_ms > 0 else None
 
     def timed(self, instance: Instance) -> bool:
         """Whether the batcher times ``instance``'s batches (an execution timeout it does
-        not enforce itself)."""
+        not enforce itself): they then run through ``run``."""
         return self._timeout_s is not None and not instance.enforces_timeout
-
-    def start(self, instance: Instance, batch: tuple[Pending, ...]) -> tuple[asyncio.Future[Outcome | None], bool]:
-        """Hand ``batch`` to ``instance`` now: the future of its Outcome (None: it ran past
-        the execution timeout, its requests are answered), and whether the instance has
-        the batch already (it gave its own future, its result as is). Otherwise the future
-        is a task (``run``) that starts on the loop's next turn, before any callback
-        scheduled after it."""
-        if not self.timed(instance):
-            try:
-                running = instance.run_batch([pending.request for pending in batch])
-            except BaseException as exc:  # the instance's to report, never to end the caller with
-                done: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
-                done.set_result(self.contained(instance, exc))
-                return done, True
-            if asyncio.isfuture(running):
-                return running, True
-            return asyncio.ensure_future(self._contain(instance, running)), False
-        return asyncio.ensure_future(self.run(instance, batch)), False
 
     async def run(self, instance: Instance, batch: tuple[Pending, ...]) -> Outcome | None:
         """Run ``batch`` on ``instance``: its Outcome (what the instance raised, contained in
         one), or None when it ran past the execution timeout (its requests are answered)."""
         if self._timeout_s is not None and not instance.enforces_timeout:
-            return await self._contain(instance, self._run_timed(instance, batch, self._timeout_s))
+            return await self.contain(instance, self._run_timed(instance, batch, self._timeout_s))
         try:
             running = instance.run_batch([pending.request for pending in batch])
         except BaseException as exc:  # the instance's to report, never to end a worker with
             return self.contained(instance, exc)
-        return await self._contain(instance, running)
+        return await self.contain(instance, running)
 
-    async def _contain(self, instance: Instance, running: Awaitable[Outcome | None]) -> Outcome | None:
+    async def contain(self, instance: Instance, running: Awaitable[Outcome | None]) -> Outcome | None:
         """``running``'s Outcome, or what it raised contained in one (a coroutine run as a
         task must not raise a SystemExit & co: the loop would stop)."""
         try:
@@ -219,7 +204,7 @@ class Execution:
         if self.retries(outcome, batch):
             await self.rerun_each(instance, batch)
         else:
-            self.answer(batch, started, outcome)
+            self._answer(batch, started, outcome)
 
     async def rerun_each(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """Find the culprit of a failed batch: rerun one request at a time so only it fails."""
@@ -228,48 +213,6 @@ class Execution:
                 await self.execute(instance, (pending,))
             else:  # withdrawn while its batch ran (its client left): not rerun
                 self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
-
-    def answer(self, batch: tuple[Pending, ...], started: int, outcome: Outcome) -> None:
-        """Answer a batch that began on its instance at ``started`` and returned; the time
-        it takes counts as ``batch_answer``. Statistics are counted before any answer goes
-        out: a client that reads them once answered finds its request there."""
-        begun = self._clock()
-        stats = self.stats
-        if outcome.error is not None:
-            for pending in batch:
-                if pending.answer.done():  # withdrawn while it ran: it failed all the same
-                    stats.record_failure(begun - pending.received_ns, "BACKEND")
-                else:
-                    self._fail(pending, outcome.error, "BACKEND")
-            stats.answer.add(self._clock() - begun)
-            return
-        assert outcome.outputs is not None
-        rows_of = self._rows_of
-        stats.record_execution(sum(rows_of(pending.request) for pending in batch),
-                               outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
-        total_ns = 0
-        queue_times: list[int] = []
-        for pending, outputs in zip(batch, outcome.outputs):
-            if not isinstance(outputs, NereidError):  # withdrawn while it ran too: executed, so counted
-                total_ns += begun - pending.received_ns
-                queue_times.append(started - pending.enqueued_ns)
-        stats.record_successes(total_ns, queue_times,
-                               outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
-        order = self._order  # None: answers go out at once, else they may have to wait
-        for pending, outputs in zip(batch, outcome.outputs):
-            answer = pending.answer
-            if isinstance(outputs, NereidError):  # that request alone failed (a Triton model's error response)
-                if answer.done():
-                    stats.record_failure(begun - pending.received_ns, "BACKEND")
-                else:
-                    self._fail(pending, outputs, "BACKEND")
-            elif answer.done():  # withdrawn while it ran (its client left)
-                pass
-            elif order is None:
-                answer.set_result(outputs)
-            else:
-                order.answer(pending, True, outputs)
-        stats.answer.add(self._clock() - begun)
 
     async def execute_stream(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """One batch of a decoupled model: every step reaches each request still listening;

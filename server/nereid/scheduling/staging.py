@@ -2,21 +2,24 @@
 
 ``Running`` is a batch handed to an instance. ``Stage`` decides, while a slot's batch
 runs on an instance that queues batches, when the slot's next batch is formed and handed
-over early, so that the instance starts it the moment the running one returns. Pure:
-times are passed in; the batcher acts on the answer (batcher.py).
+over early, so that the instance starts it the moment the running one returns (pure:
+times are passed in). ``Stager`` keeps one batcher's stages and acts on their decisions:
+on each arrival, and at the times they name. How batches are formed and handed over is
+the batcher's (batcher.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 from nereid.scheduling.clock import Cancellable
 from nereid.scheduling.execution import Instance, Outcome
 from nereid.scheduling.pending import Pending
+from nereid.scheduling.queue import RequestQueue
 
-__all__ = ["Running", "Stage", "StageDecision", "STAGE_LEAD_NS"]
+__all__ = ["Running", "Stage", "StageDecision", "Stager", "STAGE_LEAD_NS"]
 
 #: The least time before a running batch is expected to end at which the next batch (not
 #: full) is formed and handed to its instance.
@@ -41,6 +44,8 @@ class Running:
     held: bool = False
     #: handed over ahead of time (while the batch before it ran)
     ahead: bool = False
+    #: the event loop's time to form it (``batch_formation``)
+    formation_ns: int = 0
 
 
 class StageDecision(NamedTuple):
@@ -73,11 +78,22 @@ class Stage:
     #: the timer that looks again, and when it fires
     timer: Cancellable | None = None
     timer_at: int = 0
-    lead: int = field(init=False)
-    due_at: int | None = field(init=False)
-    size: int = field(init=False)
+    # from ``current`` and ``typical`` at the first look (most batches end before one)
+    lead: int = 0
+    due_at: int | None = None
+    size: int = 0
 
-    def __post_init__(self) -> None:
+    def decide(self, now: int, *, idle_slots: int, full: bool, queued_cost: int, last_arrival_ns: int) -> StageDecision:
+        """Whether to hand a batch over at ``now``, given the queue and the other slots."""
+        if not self.lead:
+            self._measure()
+        late = self.due_at is not None and now >= self.due_at
+        quiet_at = last_arrival_ns + self.lead
+        now_ = idle_slots == 0 and (full or (late and (queued_cost >= self.size or now >= quiet_at)))
+        wake_at = None if self.due_at is None else max(quiet_at, now) if late else self.due_at
+        return StageDecision(now_, not late, wake_at)
+
+    def _measure(self) -> None:
         current = self.current
         self.lead = max(self.typical // 10, STAGE_LEAD_NS)
         # it began when the batch before it ended, by the instance's own clock, if it was
@@ -86,10 +102,71 @@ class Stage:
         self.due_at = began + self.typical - self.lead if self.typical else None
         self.size = sum(pending.cost for pending in current.batch)
 
-    def decide(self, now: int, *, idle_slots: int, full: bool, queued_cost: int, last_arrival_ns: int) -> StageDecision:
-        """Whether to hand a batch over at ``now``, given the queue and the other slots."""
-        late = self.due_at is not None and now >= self.due_at
-        quiet_at = last_arrival_ns + self.lead
-        now_ = idle_slots == 0 and (full or (late and (queued_cost >= self.size or now >= quiet_at)))
-        wake_at = None if self.due_at is None else max(quiet_at, now) if late else self.due_at
-        return StageDecision(now_, not late, wake_at)
+
+#: ``form(only_full)``: the batch due now (empty if none) and when the queue next wants a
+#: look; ``launch(instance, batch)``: hand it over (the batcher's ``_form`` and ``_launch``).
+Form = Callable[[bool], tuple[tuple[Pending, ...], "int | None"]]
+Launch = Callable[[Instance, tuple[Pending, ...]], Running]
+
+
+class Stager:
+    """One batcher's busy slots that may hand their next batch over early (``stages``:
+    the batcher adds a slot's Stage while its batch runs and takes it out when it
+    returns), and the looks that do it (``look``): the batcher's on each arrival, and
+    this one's own at the times a Stage names. ``idle_slots()``: slots waiting for a
+    batch (while one is, a batch goes to it instead); ``closed``: set once the batcher
+    stops."""
+
+    def __init__(self, queue: RequestQueue[Pending], clock: Callable[[], int], call_at: Callable[..., Cancellable],
+                 form: Form, launch: Launch, idle_slots: Callable[[], int]) -> None:
+        self.stages: list[Stage] = []
+        self.last_arrival_ns = 0
+        self.closed = False
+        self._queue = queue
+        self._clock = clock
+        self._form = form
+        self._launch = launch
+        self._idle_slots = idle_slots
+        #: the clock's ``call_at`` (the batcher sets the running loop's own once entered)
+        self.call_at = call_at
+
+    def arrived(self) -> None:
+        """A request arrived (at ``last_arrival_ns``): every stage looks again."""
+        for stage in self.stages:
+            self.look(stage)
+
+    def look(self, stage: Stage) -> None:
+        """Hand ``stage``'s slot its next batch now if ``Stage.decide`` says so; else look
+        again when it says (a timer) or when a request arrives (``arrived``)."""
+        if self.closed or stage.following is not None:
+            return
+        queue = self._queue
+        now = self._clock()
+        decision = stage.decide(now, idle_slots=self._idle_slots(), full=queue.full, queued_cost=queue.queued_cost,
+                                last_arrival_ns=self.last_arrival_ns)
+        wake_at = decision.wake_at
+        if decision.now:
+            batch, queue_wake_at = self._form(decision.only_full)
+            if batch:
+                queue.hold(batch)
+                staged = stage.following = self._launch(stage.instance, batch)
+                staged.held = staged.ahead = True
+                if stage.timer is not None:
+                    stage.timer.cancel()
+                    stage.timer = None
+                return
+            if wake_at is not None and queue_wake_at is not None:  # the queue delay holds it back
+                wake_at = max(wake_at, queue_wake_at)
+        if wake_at is None or wake_at <= now or not len(queue):
+            return  # nothing to look at before a request arrives
+        if stage.timer is not None:
+            if stage.timer_at <= wake_at:
+                return  # it looks again then, and again later if need be
+            stage.timer.cancel()
+        stage.timer_at = wake_at
+        stage.timer = self.call_at(wake_at / 1e9, self._look_again, stage)
+
+    def _look_again(self, stage: Stage) -> None:
+        stage.timer = None
+        if stage in self.stages:
+            self.look(stage)

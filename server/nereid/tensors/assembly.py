@@ -116,7 +116,7 @@ def assemble(requests: Sequence[InferRequest], config: ModelConfig) -> dict[str,
     batch: dict[str, Array] = {}
     for name in requests[0].inputs:
         arrays = [request.inputs[name] for request in requests]
-        spec = config.input_by_name(name)
+        spec = config.inputs_by_name.get(name)
         if spec is None or spec.pad_value is None:
             # np.concatenate allocates once and copies each piece in C: the same single
             # copy as a hand-written np.empty + slice loop, about 3x cheaper at 64 pieces.
@@ -192,7 +192,7 @@ def split(
     converted: dict[str, Array] = {}
     specs: list[ModelOutput] = []  # in the order of ``converted``
     for name, value in outputs.items():
-        spec = config.output_by_name(name)
+        spec = config.outputs_by_name.get(name)
         if spec is None:
             known = ", ".join(f'"{output.name}"' for output in config.output)
             raise ModelExecutionError(
