@@ -76,7 +76,8 @@ class ServingModel:
         A caller that looked this object up just before a reload retired it is served by
         the object that replaced it; after an unload it gets Triton's "no available
         versions" error (the manager never hands out a retired object itself)."""
-        outputs: dict[str, np.ndarray] = await self._current().batcher.infer(
+        serving = self if self.successor is None and not self.retired else self._current()
+        outputs: dict[str, np.ndarray] = await serving.batcher.infer(
             request, received_ns, priority=request.priority, timeout_us=request.timeout_us)
         return outputs
 
@@ -84,7 +85,8 @@ class ServingModel:
         """Queue one request without waiting (``infer`` for callback-driven callers):
         ``on_answer(outputs, error)`` is called once with its answer (``DynamicBatcher.submit``);
         ``ticket.withdraw()`` if the caller goes away."""
-        return self._current().batcher.submit(
+        serving = self if self.successor is None and not self.retired else self._current()
+        return serving.batcher.submit(
             request, received_ns, on_answer, priority=request.priority, timeout_us=request.timeout_us)
 
     async def stream(
@@ -110,6 +112,8 @@ class ServingModel:
         return self.batcher.executing
 
     def _current(self) -> ServingModel:
+        """The object serving this version now (its successor after a reload); Triton's
+        error once unloaded. The callers skip the call while this one serves."""
         serving = self
         while serving.successor is not None:
             serving = serving.successor

@@ -81,8 +81,7 @@ class DynamicBatcher:
         self._formation_ns = 0  # how long forming the last batch took (``_form``)
         #: busy slots that may hand their next batch over early
         self._stager = Stager(self._queue, self._clock, self._call_at, self._form, self._launch, lambda: self._idle)
-        self._execution = Execution(model_name, stats, rows_of, self._answers.fail, self._answer_rerun, self._clock,
-                                    execution_timeout_ms)
+        self._execution = Execution(model_name, self._answers, rows_of, self._answer_rerun, execution_timeout_ms)
 
     def set_max_batch_size(self, max_batch_size: int) -> None:
         """Change the batch bound at run time (applies to batches formed from now on)."""

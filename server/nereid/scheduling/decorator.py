@@ -358,13 +358,8 @@ def batch(
     ``preferred_batch_size`` lists sizes worth leaving early for; ``max_concurrent_batches``
     lets several batches run at once. Usable as ``@batch`` or ``@batch(...)``.
     """
-    options = dict(
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=max_queue_delay_microseconds,
-        preferred_batch_size=preferred_batch_size,
-        max_concurrent_batches=max_concurrent_batches,
-        batch_size=batch_size,
+    make = functools.partial(
+        BatchedFunction, max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
+        preferred_batch_size=preferred_batch_size, max_concurrent_batches=max_concurrent_batches, batch_size=batch_size,
     )
-    if fn is not None:
-        return BatchedFunction(fn, **options)  # type: ignore[arg-type]
-    return lambda f: BatchedFunction(f, **options)  # type: ignore[arg-type]
+    return make(fn) if fn is not None else make

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
 from nereid.errors import ExecutionTimeoutError, InternalError, ModelExecutionError, NereidError
-from nereid.scheduling.pending import Pending, Stream
-from nereid.stats import ModelStats
+from nereid.scheduling.pending import Answers, Pending, Stream
 
 __all__ = ["Execution", "Failed", "Instance", "Outcome", "StepSink"]
 
@@ -86,21 +84,19 @@ class Instance(Protocol):
         ``abandoned()``."""
 
 
-@dataclass(frozen=True, slots=True)
 class Failed:
-    """The Outcome of a batch whose instance raised instead of reporting one."""
+    """The Outcome of a batch whose instance raised instead of reporting one: its error,
+    no outputs, no compute or instance times."""
 
-    error: NereidError
-    outputs: None = None
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    began_ns: int = 0
-    ended_ns: int = 0
+    __slots__ = ("error",)
+
+    outputs = None
+    compute_input_ns = compute_infer_ns = compute_output_ns = began_ns = ended_ns = 0
+
+    def __init__(self, error: NereidError) -> None:
+        self.error = error
 
 
-#: ``fail(pending, error, reason)``: answer one request with an error and count it.
-Fail = Callable[[Pending, NereidError, str], None]
 #: ``answer(batch, started, outcome)``: answer a batch that returned (the batcher's).
 AnswerBatch = Callable[[tuple[Pending, ...], int, Outcome], None]
 
@@ -108,20 +104,17 @@ AnswerBatch = Callable[[tuple[Pending, ...], int, Outcome], None]
 class Execution:
     """What one model's batcher does when a batch does not simply run and return.
 
-    ``fail`` answers a request with an error, ``answer`` a batch (the batcher's: they
-    keep preserve_ordering and the statistics); ``execution_timeout_ms`` (0: none) bounds
-    a batch on an instance that does not enforce it itself."""
+    ``answers`` fail requests and count them, ``answer`` answers a batch (the batcher's,
+    through ``answers``: they keep preserve_ordering and the statistics);
+    ``execution_timeout_ms`` (0: none) bounds a batch on an instance that does not
+    enforce it itself."""
 
-    def __init__(
-        self, model_name: str, stats: ModelStats, rows_of: Callable[[Any], int], fail: Fail, answer: AnswerBatch,
-        clock: Callable[[], int], execution_timeout_ms: int,
-    ) -> None:
+    def __init__(self, model_name: str, answers: Answers, rows_of: Callable[[Any], int], answer: AnswerBatch,
+                 execution_timeout_ms: int) -> None:
         self.model_name = model_name
-        self.stats = stats
+        self._answers = answers
         self._rows_of = rows_of
-        self._fail = fail
         self._answer = answer
-        self._clock = clock
         self._timeout_s = execution_timeout_ms / 1000 if execution_timeout_ms > 0 else None
 
     def timed(self, instance: Instance) -> bool:
@@ -165,7 +158,7 @@ class Execution:
         )
         _log.error("%s", error.message)
         for pending in batch:
-            self._fail(pending, error, "BACKEND")
+            self._answers.fail(pending, error, "BACKEND")
         instance.problem = f"instance {instance.name} is stuck in a batch past execution_timeout_ms ({ms} ms)"
         try:
             await asyncio.wait((run,))
@@ -197,7 +190,7 @@ class Execution:
 
     async def execute(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """Run ``batch`` and answer it, nothing pipelined (a failed batch's reruns)."""
-        started = self._clock()
+        started = self._answers.clock()
         outcome = await self.run(instance, batch)
         if outcome is None:
             return
@@ -212,14 +205,14 @@ class Execution:
             if not pending.answer.done():
                 await self.execute(instance, (pending,))
             else:  # withdrawn while its batch ran (its client left): not rerun
-                self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+                self._answers.stats.record_failure(self._answers.clock() - pending.received_ns, "CANCELED")
 
     async def execute_stream(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """One batch of a decoupled model: every step reaches each request still listening;
         a request leaves when the model marks it finished; the generator is closed once
         nobody listens. A failure fails every request not finished yet (no retry: some
         may already have received steps)."""
-        started = self._clock()
+        started = self._answers.clock()
         payloads = [pending.request for pending in batch]
         streams: list[Stream] = [pending.answer for pending in batch]  # type: ignore[misc]  # a streaming batch: all Streams
         try:
@@ -228,8 +221,8 @@ class Execution:
             outcome = self.contained(instance, exc)
         # Steps from a sync generator reach the sink through call_soon_threadsafe, in order
         # and before the instance's completion, so every step is delivered by now.
-        end = self._clock()
-        stats = self.stats
+        end = self._answers.clock()
+        stats = self._answers.stats
         if outcome.error is None:
             rows = sum(self._rows_of(payload) for payload in payloads)
             stats.record_execution(rows, outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)

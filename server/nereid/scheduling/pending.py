@@ -223,7 +223,8 @@ class Answers:
         self.stats = stats
         self._rows_of = rows_of
         self._order = order
-        self._clock = clock
+        #: the batcher's clock (``time.monotonic_ns`` in real time)
+        self.clock = clock
 
     def fail(self, pending: Pending, error: NereidError, reason: str = "OTHER") -> None:
         """``pending`` fails with ``error`` (unless answered already), counted under
@@ -234,13 +235,13 @@ class Answers:
             pending.answer.set_exception(error)
         else:
             self._order.answer(pending, False, error)
-        self.stats.record_failure(self._clock() - pending.received_ns, reason)
+        self.stats.record_failure(self.clock() - pending.received_ns, reason)
 
     def batch_failed(self, batch: tuple[Pending, ...], error: NereidError,
                      scheduling: tuple[int, int | None, int] | None) -> None:
         """Every request of ``batch`` fails with ``error`` (``scheduling``: the batch's
         figures for ``ModelStats.record_scheduling``; None: a rerun, not counted)."""
-        begun = self._clock()
+        begun = self.clock()
         stats = self.stats
         if scheduling is not None:
             stats.record_scheduling(*scheduling)
@@ -249,14 +250,14 @@ class Answers:
                 stats.record_failure(begun - pending.received_ns, "BACKEND")
             else:
                 self.fail(pending, error, "BACKEND")
-        stats.answer.add(self._clock() - begun)
+        stats.answer.add(self.clock() - begun)
 
     def batch(self, batch: tuple[Pending, ...], started: int, outputs: Sequence[Any], compute: tuple[int, int, int],
               scheduling: tuple[int, int | None, int] | None) -> None:
         """``batch`` returned ``outputs`` (one per request; a NereidError for a request that
         alone failed) after it began on its instance at ``started``; ``compute``: its
         input, infer and output ns."""
-        begun = self._clock()
+        begun = self.clock()
         stats = self.stats
         total_ns = 0
         queue_times: list[int] = []
@@ -280,4 +281,4 @@ class Answers:
                 answer.set_result(output)
             else:
                 order.answer(pending, True, output)
-        stats.answer.add(self._clock() - begun)
+        stats.answer.add(self.clock() - begun)

@@ -122,11 +122,10 @@ class Stager:
         self.stages: list[Stage] = []
         self.last_arrival_ns = 0
         self.closed = False
-        self._queue = queue
-        self._clock = clock
-        self._form = form
-        self._launch = launch
-        self._idle_slots = idle_slots
+        # what a look reads
+        self._queue, self._clock, self._idle_slots = queue, clock, idle_slots
+        # how it acts: the batcher's
+        self._form, self._launch = form, launch
         #: the clock's ``call_at`` (the batcher sets the running loop's own once entered)
         self.call_at = call_at
 
