@@ -283,8 +283,10 @@ class DynamicBatcher:
             except BaseException as exc:  # the instance's to report, never to end the caller with
                 running = asyncio.get_running_loop().create_future()
                 running.set_result(execution.contained(instance, exc))
-            handed = asyncio.isfuture(running)
-            future = running if asyncio.isfuture(running) else asyncio.ensure_future(execution.contain(instance, running))
+            if asyncio.isfuture(running):
+                future, handed = running, True
+            else:
+                future = asyncio.ensure_future(execution.contain(instance, running))
         return Running(batch, future, self._clock(), handed, formation_ns=self._formation_ns)
 
     async def _finish(self, instance: Instance, current: Running, stages: bool) -> tuple[Outcome | None, Running | None]:
