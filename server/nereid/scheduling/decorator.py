@@ -175,14 +175,11 @@ class BatchedFunction(Generic[T, R]):
         with self._lock:
             bound = self._bound.get(obj)
             if bound is None:
+                method = functools.partial(self._fn, obj) if not self._is_async else _bind_async(self._fn, obj)
                 bound = BatchedFunction(
-                    functools.partial(self._fn, obj) if not self._is_async else _bind_async(self._fn, obj),
-                    max_batch_size=self._max_batch_size,
-                    max_queue_delay_microseconds=self._delay_us,
-                    preferred_batch_size=self._preferred,
-                    max_concurrent_batches=self._concurrency,
-                    batch_size=self._batch_size,
-                    name=self._name,
+                    method, max_batch_size=self._max_batch_size, max_queue_delay_microseconds=self._delay_us,
+                    preferred_batch_size=self._preferred, max_concurrent_batches=self._concurrency,
+                    batch_size=self._batch_size, name=self._name,
                 )
                 self._bound[obj] = bound
         return bound
