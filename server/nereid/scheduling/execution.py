@@ -125,7 +125,7 @@ class Execution:
     async def run(self, instance: Instance, batch: tuple[Pending, ...]) -> Outcome | None:
         """Run ``batch`` on ``instance``: its Outcome (what the instance raised, contained in
         one), or None when it ran past the execution timeout (its requests are answered)."""
-        if self._timeout_s is not None and not instance.enforces_timeout:
+        if self._timeout_s is not None and self.timed(instance):
             return await self.contain(instance, self._run_timed(instance, batch, self._timeout_s))
         try:
             running = instance.run_batch([pending.request for pending in batch])
