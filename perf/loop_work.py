@@ -1,15 +1,16 @@
-"""The event loop's work per infer request at concurrency 1 over HTTP (the identity model):
-loop iterations, futures resolved, queue decisions and tasks created per request, and
-the loop thread's CPU time per request. Counts, not speed: they do not move with the
-host's load, so two builds compare on a busy machine.
+"""The event loop's work per infer request over HTTP (the identity model): loop
+iterations, futures resolved, queue decisions and tasks created per request, the loop
+thread's CPU time per request, and the mean batch. Counts, not speed: they move little
+with the host's load, so two builds compare on a busy machine.
 
 Starts the server in this process on a plain asyncio loop (the counts hook its
-``_run_once``; uvloop runs the same callbacks), sends ``--requests`` sequential requests
-from a client thread, and profiles the loop thread meanwhile (``--no-profile``: only the
-iterations and the CPU time, unprofiled). Another build: run it with that build's
-``server/`` first on PYTHONPATH.
+``_run_once``; uvloop runs the same callbacks) and profiles the loop thread while
+``--requests`` sequential requests come from a client thread (``--no-profile``: only the
+iterations and the CPU time, unprofiled), or, with ``--concurrency C`` above 1, while
+perf_analyzer (perf/perf_analyzer) sends at concurrency C for a few windows. Another
+build: run it with that build's ``server/`` first on PYTHONPATH.
 
-    PYTHONPATH=$PWD/server python perf/loop_work.py [--requests 2000] [--no-profile]
+    PYTHONPATH=$PWD/server python perf/loop_work.py [--requests 2000] [--concurrency 16] [--no-profile]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio.base_events
 import cProfile
 import pstats
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -95,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--no-profile", action="store_true", help="count iterations and CPU time only")
+    parser.add_argument("--concurrency", type=int, default=1, help="above 1: perf_analyzer at this concurrency")
     args = parser.parse_args()
 
     import numpy as np
@@ -131,12 +134,24 @@ def main() -> None:
     tensor.set_data_from_numpy(np.ones((1, 16), np.float32), binary_data=True)
     for _ in range(200):  # warm-up
         client.infer("identity", [tensor])
+    stats = server.manager.get("identity").stats
+    before = (stats.inference_count, stats.execution_count)
     on_loop(work.start)
-    for _ in range(args.requests):
-        client.infer("identity", [tensor])
+    if args.concurrency > 1:
+        subprocess.run(
+            [str(Path(__file__).resolve().parent / "perf_analyzer"), "-m", "identity", "-u", f"127.0.0.1:{http_port}",
+             "-i", "http", "-b", "1", "--concurrency-range", str(args.concurrency), "-p", "2000",
+             "--max-trials", "3", "-s", "1000"],
+            check=True, capture_output=True,
+        )
+    else:
+        for _ in range(args.requests):
+            client.infer("identity", [tensor])
     on_loop(work.stop)
-    n = args.requests
-    line = f"{n} requests, per request: loop iterations {work.counted / n:.2f}"
+    n = stats.inference_count - before[0]
+    batches = stats.execution_count - before[1]
+    line = (f"c={args.concurrency}: {n} requests in {batches} batches (mean {n / batches:.2f}), "
+            f"per request: loop iterations {work.counted / n:.2f}")
     if work.profile is not None:
         set_results = work.calls(lambda key: key[2] == "<method 'set_result' of '_asyncio.Future' objects>")
         decisions = work.calls(lambda key: key[2] == "decide" and key[0].endswith("queue.py"))

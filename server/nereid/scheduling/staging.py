@@ -122,6 +122,7 @@ class Stager:
         self.stages: list[Stage] = []
         self.last_arrival_ns = 0
         self.closed = False
+        self._looking = False  # a look at every stage is due on the loop's next turn
         # what a look reads
         self._queue, self._clock, self._idle_slots = queue, clock, idle_slots
         # how it acts: the batcher's
@@ -130,7 +131,15 @@ class Stager:
         self.call_at = call_at
 
     def arrived(self) -> None:
-        """A request arrived (at ``last_arrival_ns``): every stage looks again."""
+        """A request arrived (at ``last_arrival_ns``): every stage looks again, on the
+        loop's next turn, once it has read whatever else arrived with it (one look per
+        burst: a look at each arrival would hand over a batch of the first few)."""
+        if not self._looking:
+            self._looking = True
+            asyncio.get_running_loop().call_soon(self._look_all)
+
+    def _look_all(self) -> None:
+        self._looking = False
         for stage in self.stages:
             self.look(stage)
 
