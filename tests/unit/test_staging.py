@@ -14,7 +14,7 @@ MS = 1_000_000
 
 def running(rows: int, started: int, *, after: int | None = None, ahead: bool = False) -> Running:
     batch = tuple(Pending(1, None, 0, 0, 0, i, 0, None, None) for i in range(rows))  # type: ignore[arg-type]
-    return Running(batch, None, started, True, after=after, ahead=ahead)  # type: ignore[arg-type]
+    return Running(batch, None, started, after=after, ahead=ahead)  # type: ignore[arg-type]
 
 
 def stage(rows: int = 4, started: int = 0, typical: int = 50 * MS, **kwargs: Any) -> Stage:

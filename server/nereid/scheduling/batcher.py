@@ -254,9 +254,12 @@ class DynamicBatcher:
                     self.stats.record_scheduling(*scheduling)
                     if outcome is not None:
                         await execution.rerun_each(instance, current.batch)
-                elif following is None or following.handed:
+                elif following is None:  # nothing waits: answer at once (no loop turn)
                     self._answer(current.batch, current.started, outcome, scheduling)
-                else:  # after the next batch's task has started (it was scheduled first)
+                else:
+                    # On the loop's next turn: the next batch's task (if it is one) starts
+                    # first, and between the two turns the loop releases the GIL (its poll),
+                    # so the instance's thread begins that batch before the answers go out.
                     asyncio.get_running_loop().call_soon(
                         self._answer, current.batch, current.started, outcome, scheduling)
                 current, following = following, None
@@ -267,14 +270,13 @@ class DynamicBatcher:
             raise
 
     def _launch(self, instance: Instance, batch: tuple[Pending, ...], timed: bool = False, /) -> Running:
-        """Hand ``batch`` to ``instance`` now. Where the instance gives its own future, the
-        batch is with it already (``handed``); else the future is a task that starts on
-        the loop's next turn, before any callback scheduled after it. ``timed``: it runs
-        under the execution timeout (``Execution.run``)."""
+        """Hand ``batch`` to ``instance`` now: the instance's own future where it gives one
+        (the batch is with it already), else a task that starts on the loop's next turn,
+        before any callback scheduled after it. ``timed``: it runs under the execution
+        timeout (``Execution.run``)."""
         self._executing += 1
         execution = self._execution
         future: asyncio.Future[Outcome | None]
-        handed = False
         if timed:
             future = asyncio.ensure_future(execution.run(instance, batch))
         else:
@@ -284,10 +286,10 @@ class DynamicBatcher:
                 running = asyncio.get_running_loop().create_future()
                 running.set_result(execution.contained(instance, exc))
             if asyncio.isfuture(running):
-                future, handed = running, True
+                future = running
             else:
                 future = asyncio.ensure_future(execution.contain(instance, running))
-        return Running(batch, future, self._clock(), handed, formation_ns=self._formation_ns)
+        return Running(batch, future, self._clock(), formation_ns=self._formation_ns)
 
     async def _finish(self, instance: Instance, current: Running, stages: bool) -> tuple[Outcome | None, Running | None]:
         """Wait for ``current`` to return (while it runs, its slot's next batch may be

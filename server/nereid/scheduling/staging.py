@@ -35,9 +35,6 @@ class Running:
     batch: tuple[Pending, ...]
     future: asyncio.Future[Outcome | None]
     started: int
-    #: the instance has it already (its own future); else a task that starts on the
-    #: loop's next turn, so answers scheduled after it go out after it starts
-    handed: bool
     #: when the batch before it on its slot ended, if it was ready then (back to back)
     after: int | None = None
     #: handed over ahead of time and not begun: its requests still count as queued
