@@ -35,7 +35,12 @@ def test_a_partial_batch_waits_until_the_running_one_is_about_to_end() -> None:
 
 
 def test_once_late_a_batch_as_large_as_the_running_one_goes() -> None:
-    assert decide(stage(rows=4), 46 * MS, queued=4, arrival=46 * MS) == StageDecision(True, False, 51 * MS)
+    assert decide(stage(rows=4), 46 * MS, queued=4, arrival=46 * MS).now
+
+
+def test_no_look_is_planned_past_the_running_batch_s_expected_end() -> None:
+    # quiet at 51 ms, but the running batch is expected back at 50 ms: its slot takes the queue then
+    assert decide(stage(rows=4), 46 * MS, queued=2, arrival=46 * MS) == StageDecision(False, False, None)
 
 
 def test_once_late_a_smaller_batch_waits_for_arrivals_to_be_quiet_for_the_lead() -> None:

@@ -87,7 +87,14 @@ class Stage:
         late = self.due_at is not None and now >= self.due_at
         quiet_at = last_arrival_ns + self.lead
         now_ = idle_slots == 0 and (full or (late and (queued_cost >= self.size or now >= quiet_at)))
-        wake_at = None if self.due_at is None else max(quiet_at, now) if late else self.due_at
+        if self.due_at is None:
+            wake_at = None
+        elif not late:
+            wake_at = self.due_at
+        else:  # no look past the expected end: the batch returns first, and its slot takes the queue
+            wake_at = max(quiet_at, now)
+            if wake_at >= self.due_at + self.lead:
+                wake_at = None
         return StageDecision(now_, not late, wake_at)
 
     def _measure(self) -> None:
