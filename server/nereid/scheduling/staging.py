@@ -83,7 +83,7 @@ class Stage:
     def decide(self, now: int, *, idle_slots: int, full: bool, queued_cost: int, last_arrival_ns: int) -> StageDecision:
         """Whether to hand a batch over at ``now``, given the queue and the other slots."""
         if not self.lead:
-            self._measure()
+            self.measure()
         late = self.due_at is not None and now >= self.due_at
         quiet_at = last_arrival_ns + self.lead
         now_ = idle_slots == 0 and (full or (late and (queued_cost >= self.size or now >= quiet_at)))
@@ -97,7 +97,9 @@ class Stage:
                 wake_at = None
         return StageDecision(now_, not late, wake_at)
 
-    def _measure(self) -> None:
+    def measure(self) -> None:
+        """``lead``, ``due_at`` and ``size`` from ``current`` and ``typical`` (at the first
+        look or arrival: most batches end before either)."""
         current = self.current
         self.lead = max(self.typical // 10, STAGE_LEAD_NS)
         # it began when the batch before it ended, by the instance's own clock, if it was
@@ -135,12 +137,25 @@ class Stager:
         self.call_at = call_at
 
     def arrived(self) -> None:
-        """A request arrived (at ``last_arrival_ns``): every stage looks again, on the
-        loop's next turn, once it has read whatever else arrived with it (one look per
-        burst: a look at each arrival would hand over a batch of the first few)."""
-        if not self._looking:
-            self._looking = True
-            asyncio.get_running_loop().call_soon(self._look_all)
+        """A request arrived (at ``last_arrival_ns``). Where the queue is full or a stage is
+        late (its batch about to end), every stage looks again on the loop's next turn,
+        once the loop has read whatever else arrived with it (one look per burst: a look at
+        each arrival would hand over a batch of the first few); a stage not late yet looks
+        when it is (a timer), not at each arrival."""
+        if self._looking or self.closed:
+            return
+        now = self.last_arrival_ns
+        full = self._queue.full
+        for stage in self.stages:
+            if not stage.lead:
+                stage.measure()
+            due_at = stage.due_at
+            if full or (due_at is not None and now >= due_at):
+                self._looking = True
+                asyncio.get_running_loop().call_soon(self._look_all)
+                return
+            if due_at is not None and stage.timer is None and stage.following is None:
+                self._look_at(stage, due_at)
 
     def _look_all(self) -> None:
         self._looking = False
@@ -175,6 +190,9 @@ class Stager:
             if stage.timer_at <= wake_at:
                 return  # it looks again then, and again later if need be
             stage.timer.cancel()
+        self._look_at(stage, wake_at)
+
+    def _look_at(self, stage: Stage, wake_at: int) -> None:
         stage.timer_at = wake_at
         stage.timer = self.call_at(wake_at / 1e9, self._look_again, stage)
 
