@@ -5,13 +5,13 @@ Owns the mapping only; parsing and validation of tensors live in their own modul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["DataType", "DATATYPES", "by_config_name", "by_wire_name", "bfloat16_dtype"]
+__all__ = ["BY_WIRE_NAME", "DataType", "DATATYPES", "by_config_name", "by_wire_name", "bfloat16_dtype"]
 
 
 def bfloat16_dtype() -> np.dtype:
@@ -36,10 +36,11 @@ class DataType:
     wire_name: str
     numpy: np.dtype
     itemsize: int
+    #: the variable-length BYTES type (``itemsize`` 0); an attribute: read per tensor
+    is_bytes: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def is_bytes(self) -> bool:
-        return self.itemsize == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_bytes", self.itemsize == 0)
 
     @property
     def json_allowed(self) -> bool:
@@ -74,7 +75,10 @@ def _table() -> tuple[DataType, ...]:
 
 DATATYPES: tuple[DataType, ...] = _table()
 _BY_CONFIG = {dt.config_name: dt for dt in DATATYPES}
-_BY_WIRE = {dt.wire_name: dt for dt in DATATYPES}
+#: wire name (``FP32``, ``BYTES``: protocol names, exact case) -> DataType; read per
+#: request tensor without a call (``by_wire_name`` is the same lookup)
+BY_WIRE_NAME: Mapping[str, DataType] = {dt.wire_name: dt for dt in DATATYPES}
+_BY_WIRE = BY_WIRE_NAME
 
 
 def by_config_name(name: str) -> DataType | None:

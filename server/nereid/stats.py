@@ -130,6 +130,56 @@ class ModelStats:
         self.compute_output.add(compute_output_ns * count, count)
         self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
 
+    def record_batch(
+        self, rows: int, total_ns: int, queue_times_ns: list[int], compute: tuple[int, int, int],
+        scheduling: tuple[int, int | None, int] | None,
+    ) -> None:
+        """One successful batch, in one call: ``record_execution`` and ``record_successes``
+        (``compute``: its input, infer and output ns), and its ``record_scheduling``
+        figures (busy, idle, formation ns; None: not counted, a rerun). Spelled out: once
+        per batch on the event loop."""
+        compute_input_ns, compute_infer_ns, compute_output_ns = compute
+        self.execution_count += 1
+        self.inference_count += rows
+        entry = self.batch_stats.get(rows)
+        if entry is None:
+            entry = self.batch_stats[rows] = BatchStats()
+        entry.compute_input.count += 1
+        entry.compute_input.ns += compute_input_ns
+        entry.compute_infer.count += 1
+        entry.compute_infer.ns += compute_infer_ns
+        entry.compute_output.count += 1
+        entry.compute_output.ns += compute_output_ns
+        count = len(queue_times_ns)
+        if count:
+            self.success.count += count
+            self.success.ns += total_ns
+            self.queue.count += count
+            self.queue.ns += sum(queue_times_ns)
+            buckets = self.queue_buckets
+            for queue_ns in queue_times_ns:
+                buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
+            self.compute_input.count += count
+            self.compute_input.ns += compute_input_ns * count
+            self.compute_infer.count += count
+            self.compute_infer.ns += compute_infer_ns * count
+            self.compute_output.count += count
+            self.compute_output.ns += compute_output_ns * count
+            self.last_inference_ms = time.time_ns() // 1_000_000  # reported as wall-clock ms
+        if scheduling is not None:
+            self.record_scheduling(*scheduling)
+
+    def record_scheduling(self, busy_ns: int, idle_ns: int | None, formation_ns: int) -> None:
+        """One batch's time on its instance, the instance's idle time before it (None: it
+        was not ready when the batch before ended) and the time forming it took."""
+        self.busy.count += 1
+        self.busy.ns += busy_ns
+        if idle_ns is not None:
+            self.idle_between.count += 1
+            self.idle_between.ns += idle_ns
+        self.formation.count += 1
+        self.formation.ns += formation_ns
+
     def record_queue_time(self, queue_ns: int) -> None:
         """Count one successful request's queue time in ``queue_buckets``."""
         self.queue_buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1

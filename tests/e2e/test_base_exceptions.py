@@ -290,6 +290,9 @@ class _Raising:
     name = "raising_0"
     capacity = 1
     cost_function = None
+    problem = None
+    enforces_timeout = False
+    queues_batches = False
 
     def __init__(self, raises: list[BaseException], gate: asyncio.Event | None = None) -> None:
         self.raises = raises
@@ -308,6 +311,7 @@ class _Outcome:
         self.outputs = outputs
         self.error = None
         self.compute_input_ns = self.compute_infer_ns = self.compute_output_ns = 0
+        self.began_ns = self.ended_ns = 0
 
 
 def _batcher(instance: Any) -> DynamicBatcher:

@@ -29,6 +29,8 @@ class Outcome:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    began_ns: int = 0
+    ended_ns: int = 0
 
 
 @dataclass
@@ -37,6 +39,9 @@ class FakeInstance:
 
     name: str = "fake_0"
     capacity: int = 1
+    problem: str | None = None
+    enforces_timeout: bool = False
+    queues_batches: bool = False
     poison: Any = None
     gate: asyncio.Event | None = None
     batches: list[list[Any]] = field(default_factory=list)
@@ -197,18 +202,6 @@ def test_queued_request_times_out_with_request_timeout_expired() -> None:
     run(scenario())
 
 
-class _Timed(int):
-    """A payload asking for its own timeout (as an InferRequest's ``timeout`` parameter)."""
-
-    timeout_us = 20_000
-
-
-class _Urgent(int):
-    """A payload of priority 1 (as an InferRequest's ``priority`` parameter)."""
-
-    priority = 1
-
-
 @pytest.mark.parametrize("override, times_out", [(True, True), (False, False)])
 def test_a_request_timeout_counts_without_a_default_one_only_when_overriding_is_allowed(
     override: bool, times_out: bool
@@ -221,7 +214,7 @@ def test_a_request_timeout_counts_without_a_default_one_only_when_overriding_is_
         async with make([instance], max_batch_size=1, clock=clock, default_queue_policy=policy) as batcher:
             running = asyncio.ensure_future(batcher.infer(0))
             await until(lambda: len(instance.batches) == 1)
-            queued = asyncio.ensure_future(batcher.infer(_Timed(3)))
+            queued = asyncio.ensure_future(batcher.infer(3, timeout_us=20_000))
             await until(lambda: batcher.queue_depth == 1)
             clock.advance(50_000_000)  # well past the request's 20 ms
             await settle()
@@ -245,7 +238,7 @@ def test_a_higher_priority_request_goes_first_through_the_batcher() -> None:
             running = asyncio.ensure_future(batcher.infer(0))
             await until(lambda: len(instance.batches) == 1)
             normal = asyncio.ensure_future(batcher.infer(1))
-            urgent = asyncio.ensure_future(batcher.infer(_Urgent(5)))
+            urgent = asyncio.ensure_future(batcher.infer(5, priority=1))
             await until(lambda: batcher.queue_depth == 2)
             gate.set()
             assert await asyncio.gather(running, normal, urgent) == [0, 2, 10]
@@ -348,6 +341,9 @@ class FakeStreamingInstance:
 
     name: str = "stream_0"
     capacity: int = 1
+    problem: str | None = None
+    enforces_timeout: bool = False
+    queues_batches: bool = False
     batches: list[list[Any]] = field(default_factory=list)
     steps_run: int = 0
 
@@ -553,6 +549,8 @@ class QueueingInstance:
     name: str = "queueing_0"
     capacity: int = 1
     queues_batches: bool = True
+    problem: str | None = None
+    enforces_timeout: bool = False
     handed: list[tuple[int, list[Any]]] = field(default_factory=list)
     began: list[int] = field(default_factory=list)
     _turn: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -13,11 +13,12 @@ import asyncio
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import pytest
 
 from nereid.scheduling.batcher import DynamicBatcher
+from nereid.inference import InferRequest
 from nereid.errors import InvalidInputError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnavailableError
 from nereid.models.manager import IndexEntry, ModelManager, ServingModel
 from nereid.repository.scan import ModelSource, VersionSource
@@ -35,6 +36,8 @@ class Outcome:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    began_ns: int = 0
+    ended_ns: int = 0
 
 
 class FakeInstance:
@@ -43,6 +46,9 @@ class FakeInstance:
     name = "stub_0"
     capacity = 1
     cost_function = None
+    problem = None
+    enforces_timeout = False
+    queues_batches = False
 
     def __init__(self, answer: tuple[str, int, int], gate: asyncio.Event | None) -> None:
         self.answer = answer
@@ -94,9 +100,13 @@ class StubLoader:
         self.closed.append(serving.batcher.instances[0].answer)  # type: ignore[attr-defined]
 
 
-async def ask(serving: ServingModel, request: Any = "x") -> Any:
-    """Infer ``request`` (the stub's instances take any payload): who answered."""
-    return await serving.infer(request)
+def _request(name: str = "x") -> InferRequest:
+    return InferRequest(model_name=name, inputs={})
+
+
+async def ask(serving: ServingModel, request: InferRequest | None = None) -> Any:
+    """Infer ``request`` (the stub's instances answer any): who answered."""
+    return await serving.infer(request or _request())
 
 
 async def wait(event: asyncio.Event) -> None:
@@ -221,7 +231,7 @@ def test_a_reload_keeps_the_old_object_serving_until_the_new_one_is_ready(repo: 
         # A caller holding the old object is served by its successor, every way in.
         assert await ask(old) == ("m", 1, 2)
         answered = asyncio.get_running_loop().create_future()
-        old.submit(cast(Any, "x"), None, lambda outputs, error: answered.set_result((outputs, error)))
+        old.submit(_request(), None, lambda outputs, error: answered.set_result((outputs, error)))
         assert await answered == (("m", 1, 2), None)
         assert loader.closed == [("m", 1, 1)]
         assert rows(manager) == [("m", 1, "READY", "")]
@@ -360,10 +370,10 @@ def test_unload_refuses_new_requests_at_once_and_drains_the_accepted_ones(repo: 
         manager = ModelManager(repo.root, mode="explicit", startup_models=["m"], loader=loader)
         await manager.start()
         serving = manager.get("m")
-        running = asyncio.create_task(ask(serving, "first"))
+        running = asyncio.create_task(ask(serving, _request("first")))
         await wait(loader.instances[("m", 1)].running)
         queued = asyncio.get_running_loop().create_future()
-        serving.submit(cast(Any, "second"), None, lambda outputs, error: queued.set_result(outputs))
+        serving.submit(_request("second"), None, lambda outputs, error: queued.set_result(outputs))
         assert (serving.executing, serving.queue_depth) == (1, 1)
         unload = asyncio.create_task(manager.unload("m"))
         await wait(loader.closing[("m", 1)])
@@ -371,7 +381,7 @@ def test_unload_refuses_new_requests_at_once_and_drains_the_accepted_ones(repo: 
         with pytest.raises(ModelNotFoundError, match="'m' has no available versions"):
             manager.get("m")
         with pytest.raises(ModelNotFoundError, match="'m' has no available versions"):
-            await ask(serving, "late")
+            await ask(serving, _request("late"))
         assert manager.serving_models() == []
         gate.set()
         assert await running == ("m", 1, 1) and await queued == ("m", 1, 1)

@@ -160,19 +160,21 @@ class ModelConfig:
     #: tensors already on the instance's device (device_tensors.py).
     input_tensors: str = "numpy"
 
-    @property
-    def decoupled(self) -> bool:
+    # Derived once (plain attributes: read per request without a call).
+    #: model_transaction_policy.decoupled
+    decoupled: bool = field(init=False, compare=False, repr=False)
+    #: ``input`` and ``output`` by name
+    inputs_by_name: Mapping[str, ModelInput] = field(init=False, compare=False, repr=False)
+    outputs_by_name: Mapping[str, ModelOutput] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
         policy = self.model_transaction_policy
-        return policy is not None and policy.decoupled
+        object.__setattr__(self, "decoupled", policy is not None and policy.decoupled)
+        object.__setattr__(self, "inputs_by_name", {tensor.name: tensor for tensor in self.input})
+        object.__setattr__(self, "outputs_by_name", {tensor.name: tensor for tensor in self.output})
 
     def input_by_name(self, name: str) -> ModelInput | None:
-        for tensor in self.input:
-            if tensor.name == name:
-                return tensor
-        return None
+        return self.inputs_by_name.get(name)
 
     def output_by_name(self, name: str) -> ModelOutput | None:
-        for tensor in self.output:
-            if tensor.name == name:
-                return tensor
-        return None
+        return self.outputs_by_name.get(name)

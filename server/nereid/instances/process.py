@@ -70,6 +70,7 @@ class ProcessInstance:
         #: a batch handed over while another runs is assembled at once and waits for a free
         #: slot (its process starts it as soon as the reply to the one before is read).
         self.queues_batches = True
+        self._problem: str | None = None
         self.model_class: ModelClass | None = None
         # Two batch slots per batch it may run: the batcher hands the next batch over while
         # the current one runs, and it waits in the process, inputs in, for its turn (not
@@ -84,7 +85,13 @@ class ProcessInstance:
     @property
     def problem(self) -> str | None:
         """Why this instance cannot serve right now (None: it can)."""
-        return self.worker.problem
+        return self._problem or self.worker.problem
+
+    @problem.setter
+    def problem(self, problem: str | None) -> None:
+        # the batcher's Instance protocol (it marks an instance stuck past the execution
+        # timeout; this one enforces that timeout itself, so it is not expected to)
+        self._problem = problem
 
     @property
     def restarts(self) -> int:

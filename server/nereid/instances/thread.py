@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -65,6 +65,9 @@ class ModelInstance:
         #: why this instance cannot serve right now (None: it can); set by the batcher
         #: while a batch is stuck past the execution timeout.
         self.problem: str | None = None
+        #: the batcher times its batches where an execution timeout is set (a thread
+        #: stuck in model code cannot be stopped)
+        self.enforces_timeout = False
         self.context = context
         self.config = config
         self.name = context.instance_name
@@ -144,15 +147,15 @@ class ModelInstance:
             return self.model_class.cls()
         return self.model_class.cls(self.context)
 
-    async def run_batch(self, requests: Sequence[InferRequest], /) -> BatchOutcome:
-        """Execute one batch: never raises for model errors (they come back in the outcome)."""
+    def run_batch(self, requests: Sequence[InferRequest], /) -> Awaitable[BatchOutcome]:
+        """Execute one batch: never raises for model errors (they come back in the outcome).
+        A model run on the instance's threads has the batch when this returns: the result
+        is their future (no task between the batcher and the thread)."""
         if self.model_class.triton:
-            triton_outcome: BatchOutcome = await self._threads.call(self._run_triton, requests)
-            return triton_outcome
+            return self._threads.call(self._run_triton, requests)
         if self.model_class.infer_is_async:
-            return await self._run_async(requests)
-        outcome: BatchOutcome = await self._threads.call(self._run_sync, requests)
-        return outcome
+            return self._run_async(requests)
+        return self._threads.call(self._run_sync, requests)
 
     def _run_sync(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         prepared = self._prepare(requests)
@@ -242,7 +245,9 @@ class ModelInstance:
     def _split(self, raw: Any, requests: Sequence[InferRequest], t0: int, t1: int, t2: int) -> BatchOutcome:
         """Each request's outputs from the model's return value, with the three durations."""
         try:
-            outputs = split(outputs_to_host(raw), requests, self.config, self.context.model_name)
+            if self.context.device != "cpu":  # CUDA tensors: one copy for the batch
+                raw = outputs_to_host(raw)
+            outputs = split(raw, requests, self.config, self.context.model_name)
         except NereidError as exc:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)

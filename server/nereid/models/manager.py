@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import AsyncIterator, Iterable
+from typing import AsyncIterator, Iterable, Mapping
 
 from nereid.config.schema import ModelConfig
 from nereid.errors import ModelLoadError, ModelNotFoundError, ModelNotReadyError, NereidError, UnavailableError
@@ -92,6 +92,10 @@ class ModelManager:
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}
+        #: name -> the READY version a request without a version gets, read per request
+        #: without a call (``serving = manager.latest.get(name) or manager.get(name)``:
+        #: ``get`` raises Triton's error for why there is none)
+        self.latest: Mapping[str, ServingModel] = self._latest
         self._startup_done = False
         self._closing = False
         self._detector: ChangeDetector | None = None

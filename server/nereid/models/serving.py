@@ -76,14 +76,18 @@ class ServingModel:
         A caller that looked this object up just before a reload retired it is served by
         the object that replaced it; after an unload it gets Triton's "no available
         versions" error (the manager never hands out a retired object itself)."""
-        outputs: dict[str, np.ndarray] = await self._current().batcher.infer(request, received_ns)
+        serving = self if self.successor is None and not self.retired else self._current()
+        outputs: dict[str, np.ndarray] = await serving.batcher.infer(
+            request, received_ns, priority=request.priority, timeout_us=request.timeout_us)
         return outputs
 
     def submit(self, request: InferRequest, received_ns: int | None, on_answer: OnAnswer) -> Ticket:
         """Queue one request without waiting (``infer`` for callback-driven callers):
         ``on_answer(outputs, error)`` is called once with its answer (``DynamicBatcher.submit``);
         ``ticket.withdraw()`` if the caller goes away."""
-        return self._current().batcher.submit(request, received_ns, on_answer)
+        serving = self if self.successor is None and not self.retired else self._current()
+        return serving.batcher.submit(
+            request, received_ns, on_answer, priority=request.priority, timeout_us=request.timeout_us)
 
     async def stream(
         self, request: InferRequest, received_ns: int | None = None
@@ -91,7 +95,8 @@ class ServingModel:
         """A decoupled model's request: its outputs step by step (``DynamicBatcher.stream``).
         Closing the iteration early (the client went away) takes the request out of its
         queue or batch at once."""
-        steps = self._current().batcher.stream(request, received_ns)
+        steps = self._current().batcher.stream(
+            request, received_ns, priority=request.priority, timeout_us=request.timeout_us)
         async with contextlib.aclosing(steps):
             async for step in steps:
                 yield step
@@ -107,6 +112,8 @@ class ServingModel:
         return self.batcher.executing
 
     def _current(self) -> ServingModel:
+        """The object serving this version now (its successor after a reload); Triton's
+        error once unloaded. The callers skip the call while this one serves."""
         serving = self
         while serving.successor is not None:
             serving = serving.successor

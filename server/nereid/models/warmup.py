@@ -14,7 +14,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Awaitable, Protocol, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class _BatchResult(Protocol):
 class _Instance(Protocol):
     name: str
 
-    async def run_batch(self, requests: Sequence[InferRequest]) -> Any: ...
+    def run_batch(self, requests: Sequence[InferRequest], /) -> Awaitable[Any]: ...
 
 
 def build_samples(

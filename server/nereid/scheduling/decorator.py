@@ -35,6 +35,8 @@ class _Outcome:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    began_ns: int = 0
+    ended_ns: int = 0
 
 
 class _FunctionRunner:
@@ -42,12 +44,16 @@ class _FunctionRunner:
     own threads for a sync function, awaited on the batcher's loop for an async one."""
 
     name = "batched"
+    #: a batch at a time: the batcher times it where an execution timeout is set
+    enforces_timeout = False
+    queues_batches = False
 
     def __init__(self, fn: Callable[[list[Any]], Any], capacity: int, name: str) -> None:
         self.fn = fn
         self.capacity = capacity
         self.name = name
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.problem: str | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(capacity, thread_name_prefix=name)
 
     @property
@@ -72,6 +78,15 @@ class _FunctionRunner:
             return _Outcome(None, ModelExecutionError(
                 f"{self.name}: expected a list of {len(items)} results (one per item), got {got}"), 0, elapsed, 0)
         return _Outcome(list(results), None, 0, elapsed, 0)
+
+    async def run_stream(
+        self, items: Sequence[Any], sink: Callable[[list[Any], list[bool]], None], abandoned: Callable[[], bool], /
+    ) -> _Outcome:
+        """A batch run as a stream: the function's results, each its item's one and last step."""
+        outcome = await self.run_batch(items)
+        if outcome.outputs is not None:
+            sink(outcome.outputs, [True] * len(items))
+        return outcome
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
@@ -160,14 +175,11 @@ class BatchedFunction(Generic[T, R]):
         with self._lock:
             bound = self._bound.get(obj)
             if bound is None:
+                method = functools.partial(self._fn, obj) if not self._is_async else _bind_async(self._fn, obj)
                 bound = BatchedFunction(
-                    functools.partial(self._fn, obj) if not self._is_async else _bind_async(self._fn, obj),
-                    max_batch_size=self._max_batch_size,
-                    max_queue_delay_microseconds=self._delay_us,
-                    preferred_batch_size=self._preferred,
-                    max_concurrent_batches=self._concurrency,
-                    batch_size=self._batch_size,
-                    name=self._name,
+                    method, max_batch_size=self._max_batch_size, max_queue_delay_microseconds=self._delay_us,
+                    preferred_batch_size=self._preferred, max_concurrent_batches=self._concurrency,
+                    batch_size=self._batch_size, name=self._name,
                 )
                 self._bound[obj] = bound
         return bound
@@ -343,13 +355,8 @@ def batch(
     ``preferred_batch_size`` lists sizes worth leaving early for; ``max_concurrent_batches``
     lets several batches run at once. Usable as ``@batch`` or ``@batch(...)``.
     """
-    options = dict(
-        max_batch_size=max_batch_size,
-        max_queue_delay_microseconds=max_queue_delay_microseconds,
-        preferred_batch_size=preferred_batch_size,
-        max_concurrent_batches=max_concurrent_batches,
-        batch_size=batch_size,
+    make = functools.partial(
+        BatchedFunction, max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
+        preferred_batch_size=preferred_batch_size, max_concurrent_batches=max_concurrent_batches, batch_size=batch_size,
     )
-    if fn is not None:
-        return BatchedFunction(fn, **options)  # type: ignore[arg-type]
-    return lambda f: BatchedFunction(f, **options)  # type: ignore[arg-type]
+    return make(fn) if fn is not None else make

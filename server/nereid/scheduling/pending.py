@@ -3,6 +3,8 @@
 ``Pending`` is the record of one request from the moment a DynamicBatcher accepts it
 until it is answered: the request, when it was received, how it is answered, and where
 it waits in the queue (the fields of ``request_queue.QueuedRequest``, which it extends).
+``Answers`` is how a batcher answers them, with their statistics: one request failed,
+a batch returned or failed whole, preserve_ordering kept (``InOrder``).
 
 Every answer comes back the same way: whoever ends the request (the batch that ran it,
 its timeout, its caller withdrawing it, an unload) calls ``set_result(outputs)`` or
@@ -22,11 +24,13 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
+from nereid.errors import NereidError
 from nereid.scheduling.queue import QueuedRequest
+from nereid.stats import ModelStats
 
-__all__ = ["Answer", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream", "answer_now"]
+__all__ = ["Answer", "Answers", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream", "answer_now"]
 
 _log = logging.getLogger("nereid")
 
@@ -204,3 +208,77 @@ class InOrder:
             elif not head.answer.done():
                 return  # an earlier request is still running or queued
             order.popleft()
+
+
+class Answers:
+    """How one batcher answers its requests and counts them in ``stats``: one request
+    failed (``fail``), a batch that returned (``batch``) or failed whole
+    (``batch_failed``); ``order`` keeps preserve_ordering (None: answers go out at once).
+    The time a batch's answers take counts as ``batch_answer``; its statistics are
+    counted before any answer goes out (a client that reads them once answered finds
+    its request there)."""
+
+    def __init__(self, stats: ModelStats, rows_of: Callable[[Any], int], order: InOrder | None,
+                 clock: Callable[[], int]) -> None:
+        self.stats = stats
+        self._rows_of = rows_of
+        self._order = order
+        #: the batcher's clock (``time.monotonic_ns`` in real time)
+        self.clock = clock
+
+    def fail(self, pending: Pending, error: NereidError, reason: str = "OTHER") -> None:
+        """``pending`` fails with ``error`` (unless answered already), counted under
+        ``reason`` (Triton's metric label)."""
+        if pending.answer.done():
+            return
+        if self._order is None:
+            pending.answer.set_exception(error)
+        else:
+            self._order.answer(pending, False, error)
+        self.stats.record_failure(self.clock() - pending.received_ns, reason)
+
+    def batch_failed(self, batch: tuple[Pending, ...], error: NereidError,
+                     scheduling: tuple[int, int | None, int] | None) -> None:
+        """Every request of ``batch`` fails with ``error`` (``scheduling``: the batch's
+        figures for ``ModelStats.record_scheduling``; None: a rerun, not counted)."""
+        begun = self.clock()
+        stats = self.stats
+        if scheduling is not None:
+            stats.record_scheduling(*scheduling)
+        for pending in batch:
+            if pending.answer.done():  # withdrawn while it ran: it failed all the same
+                stats.record_failure(begun - pending.received_ns, "BACKEND")
+            else:
+                self.fail(pending, error, "BACKEND")
+        stats.answer.add(self.clock() - begun)
+
+    def batch(self, batch: tuple[Pending, ...], started: int, outputs: Sequence[Any], compute: tuple[int, int, int],
+              scheduling: tuple[int, int | None, int] | None) -> None:
+        """``batch`` returned ``outputs`` (one per request; a NereidError for a request that
+        alone failed) after it began on its instance at ``started``; ``compute``: its
+        input, infer and output ns."""
+        begun = self.clock()
+        stats = self.stats
+        total_ns = 0
+        queue_times: list[int] = []
+        for pending, output in zip(batch, outputs):
+            if not isinstance(output, NereidError):  # withdrawn while it ran too: executed, so counted
+                total_ns += begun - pending.received_ns
+                queue_times.append(started - pending.enqueued_ns)
+        rows_of = self._rows_of
+        stats.record_batch(sum(rows_of(pending.request) for pending in batch), total_ns, queue_times, compute, scheduling)
+        order = self._order
+        for pending, output in zip(batch, outputs):
+            answer = pending.answer
+            if isinstance(output, NereidError):  # that request alone failed (a Triton model's error response)
+                if answer.done():
+                    stats.record_failure(begun - pending.received_ns, "BACKEND")
+                else:
+                    self.fail(pending, output, "BACKEND")
+            elif answer.done():  # withdrawn while it ran (its client left)
+                pass
+            elif order is None:
+                answer.set_result(output)
+            else:
+                order.answer(pending, True, output)
+        stats.answer.add(self.clock() - begun)

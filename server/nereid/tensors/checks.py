@@ -99,6 +99,17 @@ _SHAPE_NOTE = (
 )
 
 
+#: Triton's one-line messages (``str.format``: ``prefix``, ``name`` the input, ``m`` the
+#: model, and the problem's details); the others are built in ``triton_text``.
+_TEXTS: dict[Problem, str] = {
+    Problem.UNEXPECTED_INPUT: "unexpected inference input '{name}' for model '{m}'",
+    Problem.NO_BATCH_DIMENSION: "{prefix}input '{name}' has no shape but model requires batch dimension for '{m}'",
+    Problem.BATCH_MISMATCH: "{prefix}input '{name}' batch size does not match other inputs for '{m}'",
+    Problem.DATATYPE: "{prefix}inference input '{name}' data-type is '{got}', but model '{m}' expects '{expected}'",
+    Problem.BYTE_SIZE: "{prefix}input byte size mismatch for input '{name}' for model '{m}'. Expected {expected}, got {got}",
+}
+
+
 def triton_text(facts: Facts) -> str:
     """Triton's message for a problem, as tritonserver's core words it (§4.2)."""
     p, m, name, prefix, d = facts.problem, facts.model, facts.input, facts.prefix, facts.detail
@@ -113,18 +124,13 @@ def triton_text(facts: Facts) -> str:
             f"{prefix}{head} but got {len(d['got'])} inputs for model '{m}'. Got input(s) {got_text}, "
             f"but missing required input(s) {missing_text}. Please provide all required input(s)."
         )
-    if p is Problem.UNEXPECTED_INPUT:
-        return f"unexpected inference input '{name}' for model '{m}'"
-    if p is Problem.NO_BATCH_DIMENSION:
-        return f"{prefix}input '{name}' has no shape but model requires batch dimension for '{m}'"
-    if p is Problem.BATCH_MISMATCH:
-        return f"{prefix}input '{name}' batch size does not match other inputs for '{m}'"
+    template = _TEXTS.get(p)
+    if template is not None:
+        return template.format(prefix=prefix, name=name, m=m, **d)
     if p is Problem.BATCH_SIZE:
         if d["batch"] == 0:  # Triton passes a zero batch on to the backend; a batcher cannot run it
             return f"{prefix}inference request batch-size must be between 1 and {d['max']} for '{m}', got 0"
         return f"{prefix}inference request batch-size must be <= {d['max']} for '{m}'"
-    if p is Problem.DATATYPE:
-        return f"{prefix}inference input '{name}' data-type is '{d['got']}', but model '{m}' expects '{d['expected']}'"
     if p is Problem.UNSPECIFIED_DIMENSION:
         return f"{prefix}All input dimensions should be specified for input '{name}' for model '{m}', got {dims_text(d['got'])}"
     if p is Problem.SHAPE:
@@ -132,11 +138,6 @@ def triton_text(facts: Facts) -> str:
         return (
             f"{prefix}unexpected shape for input '{name}' for model '{m}'. Expected {dims_text(d['expected'])}, "
             f"got {dims_text(d['got'])}. {note}"
-        )
-    if p is Problem.BYTE_SIZE:
-        return (
-            f"{prefix}input byte size mismatch for input '{name}' for model '{m}'. "
-            f"Expected {d['expected']}, got {d['got']}"
         )
     assert p is Problem.TOO_LARGE
     return (

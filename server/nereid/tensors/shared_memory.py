@@ -151,6 +151,9 @@ class SharedMemoryManager:
     def __init__(self, root: str = SHM_ROOT) -> None:
         self._root = root
         self._regions: dict[str, _Region] = {}
+        #: whether any region is registered: with none, a request's lease has nothing to
+        #: pin (a caller may skip it: a plain attribute, read without a call)
+        self.in_use = False
 
     # -- registration ------------------------------------------------------------------
 
@@ -201,6 +204,7 @@ class SharedMemoryManager:
         finally:
             os.close(fd)
         self._regions[name] = _Region(name, key, offset, byte_size, mapping, base)
+        self.in_use = True
         _log.debug(
             "system shared memory region '%s' registered: key '%s', offset %d, byte_size %d",
             name, key, offset, byte_size,
@@ -272,6 +276,7 @@ class SharedMemoryManager:
     def _drop(self, region: _Region) -> None:
         if self._regions.get(region.name) is region:
             del self._regions[region.name]
+            self.in_use = bool(self._regions)
         # No mapping.close(): arrays built on views keep the mmap object alive without a
         # buffer export; CPython unmaps once the last of them is gone.
         region.mapping = None

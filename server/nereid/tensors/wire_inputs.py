@@ -196,12 +196,7 @@ def parse_bytes_elements(
         (length,) = unpack(buffer, pos)
         checked += 1
         if checked > count:
-            raise InvalidInputError(
-                f"{prefix}unexpected number of string elements {checked} for inference input '{input_name}' "
-                f"for model '{model_name}', expecting {count}",
-                model=model_name,
-                input=input_name,
-            )
+            raise _element_count_error(checked, count, input_name, model_name, prefix)
         pos += 4
         if length > end - pos:
             # Triton lets a last element run past the end of its buffer; we cannot hand
@@ -215,13 +210,20 @@ def parse_bytes_elements(
         append(buffer[pos : pos + length])
         pos += length
     if checked != count:
-        raise InvalidInputError(
-            f"{prefix}expected {count} string elements for inference input '{input_name}' for model "
-            f"'{model_name}', got {checked}",
-            model=model_name,
-            input=input_name,
-        )
+        raise _element_count_error(checked, count, input_name, model_name, prefix)
     return out
+
+
+def _element_count_error(checked: int, count: int, input_name: str, model_name: str, prefix: str) -> InvalidInputError:
+    """Triton's error for a BYTES input with more (``checked``: the first one too many) or
+    fewer string elements than its shape's ``count``."""
+    if checked > count:
+        text = (f"{prefix}unexpected number of string elements {checked} for inference input '{input_name}' "
+                f"for model '{model_name}', expecting {count}")
+    else:
+        text = (f"{prefix}expected {count} string elements for inference input '{input_name}' for model "
+                f"'{model_name}', got {checked}")
+    return InvalidInputError(text, model=model_name, input=input_name)
 
 
 def bytes_object_array(elements: list[bytes], shape: Sequence[int]) -> NDArray[Any]:
@@ -252,20 +254,10 @@ class WireInput:
     negative: bool = False
 
 
-def json_input(
-    entry: dict[str, Any],
-    name: str,
-    dt: DataType,
-    shape: tuple[int, ...],
-    model_name: str,
-    max_json_size: int,
-    negative: bool = False,
-) -> WireInput:
-    """An input carried as JSON ``data``: converted right away (its size is bounded by the
-    JSON header), checked against the shape's element count as Triton does."""
-    # Triton's GetElementCount, left to right: a negative dim is invalid, a zero dim makes
-    # the tensor empty, an int64 overflow is refused; [] counts as empty too. The running
-    # product never exceeds int64, so a hostile shape costs no big-integer arithmetic.
+def _element_count(shape: tuple[int, ...], name: str, model_name: str) -> int:
+    """Triton's GetElementCount, left to right: a negative dim is invalid, a zero dim makes
+    the tensor empty, an int64 overflow is refused; [] counts as empty too. The running
+    product never exceeds int64, so a hostile shape costs no big-integer arithmetic."""
     count = 0
     for dim in shape:
         if dim < 0:
@@ -275,8 +267,7 @@ def json_input(
                 input=name,
             )
         if dim == 0:
-            count = 0
-            break
+            return 0
         if count == 0:
             count = dim
         elif count > (_I64_LIMIT - 1) // dim:
@@ -288,6 +279,21 @@ def json_input(
             )
         else:
             count *= dim
+    return count
+
+
+def json_input(
+    entry: dict[str, Any],
+    name: str,
+    dt: DataType,
+    shape: tuple[int, ...],
+    model_name: str,
+    max_json_size: int,
+    negative: bool = False,
+) -> WireInput:
+    """An input carried as JSON ``data``: converted right away (its size is bounded by the
+    JSON header), checked against the shape's element count as Triton does."""
+    count = _element_count(shape, name, model_name)
     if count == 0:  # Triton reads no data for an empty tensor (nor for shape [])
         empty: Any = [] if dt.is_bytes else np.empty(0, dtype=dt.numpy)
         return WireInput(name, dt, shape, JSON, empty, 0, 0, negative)
@@ -332,19 +338,7 @@ def to_array(item: WireInput, model_name: str, prefix: str, body: bytes | None =
             elements: list[bytes] = item.buffer
             if len(elements) != count:
                 checked = count + 1 if len(elements) > count else len(elements)
-                if len(elements) > count:
-                    raise InvalidInputError(
-                        f"{prefix}unexpected number of string elements {checked} for inference input "
-                        f"'{item.name}' for model '{model_name}', expecting {count}",
-                        model=model_name,
-                        input=item.name,
-                    )
-                raise InvalidInputError(
-                    f"{prefix}expected {count} string elements for inference input '{item.name}' for model "
-                    f"'{model_name}', got {checked}",
-                    model=model_name,
-                    input=item.name,
-                )
+                raise _element_count_error(checked, count, item.name, model_name, prefix)
         else:
             source = buffer if item.source == BINARY else bytes(buffer)
             elements = parse_bytes_elements(
