@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from nereid.datatypes import DATATYPES, by_wire_name
+from nereid.datatypes import BY_WIRE_NAME, DATATYPES
 from nereid.errors import (
     ExecutionTimeoutError,
     InternalError,
@@ -96,7 +96,10 @@ class ModelInfer:
     def serving(self, request: Any) -> ServingModel:
         """The model version a request names (the latest when it names none)."""
         version = request.model_version
-        return self.manager.get(request.model_name, parse_version(version) if version else None)
+        serving = None if version else self.manager.latest.get(request.model_name)  # a dict read, the common case
+        if serving is None:  # a version named, or none ready: get() raises Triton's error for why
+            serving = self.manager.get(request.model_name, parse_version(version) if version else None)
+        return serving
 
     def start(self, request: Any, received_ns: int, answer: OnResponse) -> Ticket:
         """Decode, queue, and (from the batch that answers it) encode.
@@ -171,7 +174,7 @@ def _input(
     name = tensor.name
     if name in parsed:
         raise InvalidInputError(f"{prefix}input '{name}' already exists in request", model=model, input=name)
-    dt = by_wire_name(tensor.datatype)
+    dt = BY_WIRE_NAME.get(tensor.datatype)
     if dt is None:
         raise InvalidInputError(
             f"invalid datatype for input {name}: '{tensor.datatype}' is not one of "

@@ -107,7 +107,10 @@ class InferEndpoint:
         return None
 
     def _serving(self, name: str, version_text: str | None) -> ServingModel:
-        serving = self.manager.get(name, parse_version(version_text) if version_text is not None else None)
+        manager = self.manager
+        serving = manager.latest.get(name) if version_text is None else None  # a dict read, the common case
+        if serving is None:  # a version named, or none ready: get() raises Triton's error for why
+            serving = manager.get(name, parse_version(version_text) if version_text is not None else None)
         if serving.config.decoupled:
             raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
         return serving

@@ -17,7 +17,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from nereid.config.schema import ModelConfig
-from nereid.datatypes import DATATYPES, DataType, by_wire_name
+from nereid.datatypes import BY_WIRE_NAME, DATATYPES, DataType
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
 from nereid.tensors import wire_inputs
 from nereid.http.infer_memo import HttpModelTables
@@ -260,7 +260,7 @@ def _input_shape(entry: dict[str, Any]) -> tuple[tuple[int, ...], bool]:
 
 def _input_datatype(wire: str, shape: tuple[int, ...], wide: bool, name: str, model_name: str) -> DataType:
     """The DataType of an input's ``datatype`` name."""
-    dt = by_wire_name(wire)
+    dt = BY_WIRE_NAME.get(wire)
     if dt is not None and not wide and 0 in shape:
         # An empty tensor skips every size check below, yet numpy must still represent it.
         check_representable(shape, dt, name, model_name)
