@@ -4,7 +4,9 @@
 The same asyncio.Protocol contract as ``nereid.grpc.h2.connection.GrpcConnection`` (the
 ``Calls`` object of ``nereid.grpc.native`` is told ``open``/``message``/``end``/``reset``/
 ``closed`` with ``GrpcStream`` objects, and answers with ``respond``/``send_message``/
-``finish``/``writable``), but every frame in and out goes through
+``finish``/``writable``/``taken``; the server's sweep calls ``tick``, its shutdown
+``go_away`` and ``close``; the limits are the same ``TransportLimits``), but every frame
+in and out goes through
 ``h2.connection.H2Connection`` (server side, header validation and normalisation off):
 h2 owns the connection and stream states, the SETTINGS exchange, HPACK both ways, flow
 control windows (enforced: DATA past a window is FLOW_CONTROL_ERROR), CONTINUATION
@@ -36,21 +38,15 @@ from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
-from nereid.grpc.h2.connection import MAX_CONCURRENT_STREAMS, STREAM_HIGH_WATER, Calls, GrpcStream, Status
+from nereid.grpc.h2.calls import Calls, Status
+from nereid.grpc.h2.lifecycle import Keepalive
+from nereid.grpc.h2.stream import GrpcStream, ResponsePhase, StreamState
 
 __all__ = ["H2GrpcConnection"]
 
 _log = logging.getLogger("nereid")
 
 _MESSAGE = struct.Struct(">BL")
-#: What nereid receives (as GrpcConnection advertises): a 4 MiB stream window, a 64 MiB
-#: connection window, header lists up to 64 KiB.
-_STREAM_WINDOW = 4 << 20
-_CONNECTION_WINDOW = 64 << 20
-_MAX_HEADER_LIST = 64 << 10
-#: Bytes of unfinished messages a connection may hold unacknowledged (past it, data is
-#: acknowledged as it arrives, so many half-sent messages cannot stall the connection).
-_MAX_HELD = _CONNECTION_WINDOW // 4
 #: Frames a peer may send per second (the server's coarse clock) that cost the server work
 #: and the peer nothing, before GOAWAY ENHANCE_YOUR_CALM.
 _FREE_FRAMES_PER_SECOND = {"RST_STREAM": 500, "SETTINGS": 100, "PRIORITY": 1000, "empty DATA": 1000, "unknown": 1000}
@@ -91,8 +87,16 @@ class H2GrpcConnection(asyncio.Protocol):
     #: headers, pseudo-header order); off as in the comparison's brief unless set.
     validate_headers = False
 
-    def __init__(self, calls: Calls, schedule: Callable[[Callable[[], None]], Any] | None = None) -> None:
+    def __init__(
+        self, calls: Calls, schedule: Callable[[Callable[[], None]], Any] | None = None, refusal: str | None = None,
+    ) -> None:
         self._calls = calls
+        #: what nereid advertises and enforces (windows, streams, header list, timers):
+        #: the same ``TransportLimits`` as GrpcConnection's
+        self._limits = limits = calls.limits
+        #: GOAWAY with this reason as soon as the connection opens (a server at its
+        #: connection limit), as GrpcConnection does
+        self._refusal = refusal
         self._schedule = schedule
         self._transport: Any = None
         self._scheduled = False
@@ -104,16 +108,26 @@ class H2GrpcConnection(asyncio.Protocol):
         ))
         self._h2.local_settings = Settings(client=False, initial_values={
             SettingCodes.ENABLE_PUSH: 0,
-            SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-            SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-            SettingCodes.MAX_HEADER_LIST_SIZE: _MAX_HEADER_LIST,
+            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
+            SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list,
         })
+        #: bytes of unfinished messages the connection may hold unacknowledged (past it,
+        #: data is acknowledged as it arrives, so half-sent messages cannot stall it)
+        self._max_held = limits.connection_window // 4
         self.streams: dict[int, GrpcStream] = {}
         self._blocked: dict[int, GrpcStream] = {}
+        #: the trailers of streams whose last messages the windows still hold back
+        self._trailers: dict[int, list[tuple[bytes, bytes]]] = {}
         self._held = 0
         self._going_away = False
         self.gone = False
-        self.last_heard = 0.0
+        #: whether the client's preface and SETTINGS arrived (``tick``'s handshake timer)
+        self._handshaken = False
+        now = calls.now
+        self.opened_at = now
+        self.last_heard = now
+        self._stalled_since: float | None = None
         self.ping_sent_at: float | None = None
         self._last_ping_received: float | None = None
         self._ping_strikes = 0
@@ -139,26 +153,31 @@ class H2GrpcConnection(asyncio.Protocol):
         if self._schedule is None:
             self._schedule = asyncio.get_running_loop().call_soon
         self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self._h2.increment_flow_control_window(self._limits.connection_window - 65535)
         transport.write(self._h2.data_to_send())
+        if self._refusal is not None:
+            self._fail(ErrorCodes.ENHANCE_YOUR_CALM, self._refusal)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
         streams = list(self.streams.values())
         self.streams.clear()
         self._blocked.clear()
+        self._trailers.clear()
         for stream in streams:
-            stream.finished = True
+            stream.state = StreamState.CLOSED
             self._calls.reset(self, stream)
             if stream.drained is not None:
                 stream.drained.set()
         self._calls.closed(self)
 
     def pause_writing(self) -> None:
+        self._stalled_since = self._calls.now
         if not self.gone:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self._stalled_since = None
         if not self.gone:
             self._transport.resume_reading()
 
@@ -187,7 +206,9 @@ class H2GrpcConnection(asyncio.Protocol):
             self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             return
         headers = dict(event.headers)
-        stream = GrpcStream(stream_id, headers, 0)
+        stream = GrpcStream(
+            stream_id, headers, self._h2.remote_settings.initial_window_size, self._limits.stream_window,
+        )
         self.streams[stream_id] = stream
         encoding = headers.get(b"grpc-encoding")
         if encoding is not None and encoding != b"identity":
@@ -201,7 +222,7 @@ class H2GrpcConnection(asyncio.Protocol):
         stream_id = event.stream_id
         size = event.flow_controlled_length
         stream = self.streams.get(stream_id)
-        if stream is None or stream.finished:
+        if stream is None or stream.state is StreamState.CLOSED:
             if size:
                 self._h2.acknowledge_received_data(size, stream_id)
             return
@@ -215,19 +236,19 @@ class H2GrpcConnection(asyncio.Protocol):
         inbox = stream.inbox
         if not inbox and len(data) >= 5:
             taken = self._messages(stream, data)
-            if taken < len(data) and not stream.finished:
+            if taken < len(data) and stream.state is not StreamState.CLOSED:
                 inbox += data[taken:]
         else:
             inbox += data
             del inbox[:self._messages(stream, inbox)]
         stream.unacked += size
-        if stream.finished:
+        if stream.state is StreamState.CLOSED:
             self._acknowledge(stream)
             return
         if stream.inbox:  # an unfinished message: acknowledged once handed over, unless it could not fit
             declared = _MESSAGE.unpack_from(stream.inbox)[1] if len(stream.inbox) >= 5 else 0
             self._held += size
-            if declared + 5 > _STREAM_WINDOW // 2 or self._held > _MAX_HELD:
+            if declared + 5 > self._limits.stream_window // 2 or self._held > self._max_held:
                 self._acknowledge(stream)
         else:
             self._acknowledge(stream)
@@ -246,7 +267,7 @@ class H2GrpcConnection(asyncio.Protocol):
         position = 0
         end = len(data)
         limit = self._calls.max_message_size
-        while end - position >= 5 and not stream.finished:
+        while end - position >= 5 and stream.state is not StreamState.CLOSED:
             compressed, size = _MESSAGE.unpack_from(data, position)
             if size > limit:
                 self._calls_error(stream, Status.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
@@ -280,9 +301,9 @@ class H2GrpcConnection(asyncio.Protocol):
 
     def _on_end(self, event: ev.StreamEnded) -> None:
         stream = self.streams.get(event.stream_id)
-        if stream is None or stream.finished:
+        if stream is None or stream.state is not StreamState.OPEN:
             return
-        stream.remote_closed = True
+        stream.state = StreamState.HALF_CLOSED_REMOTE
         if stream.inbox:
             self._calls_error(stream, Status.INTERNAL, "Incomplete gRPC message at the end of the stream")
             return
@@ -294,7 +315,8 @@ class H2GrpcConnection(asyncio.Protocol):
         stream = self.streams.pop(event.stream_id, None)
         if stream is not None:
             self._blocked.pop(stream.id, None)
-            stream.finished = True
+            self._trailers.pop(stream.id, None)
+            stream.state = StreamState.CLOSED
             if stream.drained is not None:
                 stream.drained.set()
             self._calls.reset(self, stream)
@@ -308,6 +330,7 @@ class H2GrpcConnection(asyncio.Protocol):
             self._flush_blocked()
 
     def _on_settings(self, event: ev.RemoteSettingsChanged) -> None:
+        self._handshaken = True
         if self._spend("SETTINGS"):
             self._flush_blocked()
 
@@ -358,54 +381,67 @@ class H2GrpcConnection(asyncio.Protocol):
 
     def respond(self, stream: GrpcStream, message: bytes) -> None:
         """One message and status OK, in one write when the windows and a frame allow."""
-        if stream.finished:
+        if stream.state is StreamState.CLOSED:
             return
         self._last_ping_received = None
         self._ping_strikes = 0
         size = len(message) + 5
         h2 = self._h2
         stream_id = stream.id
-        if (
-            not stream.head_sent and not stream.pending and size <= h2.max_outbound_frame_size
-            and size <= h2.local_flow_control_window(stream_id)
-        ):
-            h2.send_headers(stream_id, _RESPONSE_HEAD)
-            h2.send_data(stream_id, _MESSAGE.pack(0, size - 5) + message)
-            h2.send_headers(stream_id, _TRAILERS_OK, end_stream=True)
-            self._close_stream(stream)
-            self._want_send()
+        try:
+            if (
+                stream.phase is ResponsePhase.NOTHING_SENT and not stream.pending and size <= h2.max_outbound_frame_size
+                and size <= h2.local_flow_control_window(stream_id)
+            ):
+                h2.send_headers(stream_id, _RESPONSE_HEAD)
+                h2.send_data(stream_id, _MESSAGE.pack(0, size - 5) + message)
+                h2.send_headers(stream_id, _TRAILERS_OK, end_stream=True)
+                self._close_stream(stream)
+                self._want_send()
+                return
+        except (StreamClosedError, ProtocolError):  # h2 closed it meanwhile (a reset, its GOAWAY)
+            self._forget(stream)
             return
         self.send_message(stream, message)
         self.finish(stream, Status.OK, "")
 
     def send_message(self, stream: GrpcStream, message: bytes) -> None:
-        if stream.finished:
+        if stream.state is StreamState.CLOSED:
             return
         self._last_ping_received = None
         self._ping_strikes = 0
-        if not stream.head_sent:
-            stream.head_sent = True
-            self._h2.send_headers(stream.id, _RESPONSE_HEAD)
+        if stream.phase is ResponsePhase.NOTHING_SENT:
+            stream.phase = ResponsePhase.HEADERS_SENT
+            try:
+                self._h2.send_headers(stream.id, _RESPONSE_HEAD)
+            except (StreamClosedError, ProtocolError):  # h2 closed it meanwhile
+                self._forget(stream)
+                return
         stream.pending.append(memoryview(_MESSAGE.pack(0, len(message)) + message))
         stream.pending_bytes += len(message) + 5
         self._flush(stream)
         self._want_send()
 
     def finish(self, stream: GrpcStream, status: int, message: str) -> None:
-        if stream.finished or stream.trailers is not None:
+        if stream.state is StreamState.CLOSED or stream.phase is ResponsePhase.TRAILERS_QUEUED:
             return
         trailers = [(b"grpc-status", str(status).encode())]
         if message:
             trailers.append((b"grpc-message", _percent_encoded(message)))
-        if not stream.head_sent:  # trailers-only
-            stream.head_sent = True
+        if stream.phase is ResponsePhase.NOTHING_SENT:  # trailers-only
             trailers = _RESPONSE_HEAD + trailers
-        stream.trailers = trailers  # type: ignore[assignment]
+        stream.phase = ResponsePhase.TRAILERS_QUEUED
+        self._trailers[stream.id] = trailers
         self._flush(stream)
         self._want_send()
 
+    def taken(self, stream: GrpcStream, size: int) -> None:
+        """A streaming call took a message: nothing to give back here (the client's window
+        was acknowledged when the message was handed over; no request budget is held)."""
+
     async def writable(self, stream: GrpcStream) -> None:
-        while stream.pending_bytes > STREAM_HIGH_WATER and not stream.finished:
+        high_water = self._limits.stream_high_water
+        while stream.pending_bytes > high_water and stream.state is not StreamState.CLOSED:
             if stream.drained is None:
                 stream.drained = asyncio.Event()
             stream.drained.clear()
@@ -432,8 +468,9 @@ class H2GrpcConnection(asyncio.Protocol):
             self._blocked.pop(stream_id, None)
             if stream.drained is not None:
                 stream.drained.set()
-            if stream.trailers is not None:
-                h2.send_headers(stream_id, stream.trailers, end_stream=True)  # type: ignore[arg-type]
+            trailers = self._trailers.pop(stream_id, None)
+            if trailers is not None:
+                h2.send_headers(stream_id, trailers, end_stream=True)
                 self._close_stream(stream)
         except (StreamClosedError, ProtocolError):  # the client reset it meanwhile
             self._forget(stream)
@@ -444,10 +481,14 @@ class H2GrpcConnection(asyncio.Protocol):
         self._want_send()
 
     def _close_stream(self, stream: GrpcStream) -> None:
-        stream.finished = True
+        client_done = stream.state is StreamState.HALF_CLOSED_REMOTE
+        stream.state = StreamState.CLOSED
         self.streams.pop(stream.id, None)
+        self._trailers.pop(stream.id, None)
         self._acknowledge(stream)
-        if not stream.remote_closed:
+        if stream.drained is not None:
+            stream.drained.set()
+        if not client_done:
             try:
                 self._h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
             except ProtocolError:
@@ -456,9 +497,12 @@ class H2GrpcConnection(asyncio.Protocol):
             self.close()
 
     def _forget(self, stream: GrpcStream) -> None:
-        stream.finished = True
+        stream.state = StreamState.CLOSED
         self.streams.pop(stream.id, None)
         self._blocked.pop(stream.id, None)
+        self._trailers.pop(stream.id, None)
+        if stream.drained is not None:
+            stream.drained.set()
         self._calls.reset(self, stream)
 
     def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
@@ -468,6 +512,28 @@ class H2GrpcConnection(asyncio.Protocol):
         self.finish(stream, status, message)
 
     # -- the connection ------------------------------------------------------------------
+
+    def tick(self, now: float, keepalive: Keepalive = Keepalive()) -> None:
+        """The server's sweep, with GrpcConnection's timers (``lifecycle.ConnectionLifecycle.tick``):
+        close a connection without its handshake in time, whose client stopped reading, or
+        that left a keep-alive PING unanswered; tell an idle one GOAWAY; PING a quiet one."""
+        limits = self._limits
+        if not self._handshaken:
+            if now - self.opened_at >= limits.handshake_timeout:
+                self._fail(ErrorCodes.SETTINGS_TIMEOUT, f"no preface and SETTINGS within {limits.handshake_timeout:g} s")
+        elif self._stalled_since is not None and now - self._stalled_since >= limits.write_stall_timeout:
+            _log.info("gRPC: closing a connection whose client stopped reading")
+            self.close()
+        elif not self.streams and now - self.last_heard >= limits.idle_timeout and not self._going_away:
+            self.go_away()
+        if self.gone:
+            return
+        if self.ping_sent_at is not None:
+            if now - self.ping_sent_at >= keepalive.timeout:
+                _log.info("gRPC: closing a connection that did not answer a keep-alive PING")
+                self.close()
+        elif now - self.last_heard >= keepalive.time and (self.streams or keepalive.without_calls):
+            self.ping(now)
 
     def ping(self, now: float) -> None:
         self.ping_sent_at = now
