@@ -5,9 +5,8 @@ The same asyncio.Protocol contract as ``nereid.grpc.h2.connection.GrpcConnection
 ``Calls`` object of ``nereid.grpc.native`` is told ``open``/``message``/``end``/``reset``/
 ``closed`` with ``GrpcStream`` objects, and answers with ``respond``/``send_message``/
 ``finish``/``writable``/``taken``; the server's sweep calls ``tick``, its shutdown
-``go_away`` and ``close``; the limits are the same ``TransportLimits``), but every frame
-in and out goes through
-``h2.connection.H2Connection`` (server side, header validation and normalisation off):
+``go_away`` and ``close``; the limits are the same ``TransportLimits``), but every
+frame in and out goes through ``h2.connection.H2Connection`` (server side, header validation and normalisation off):
 h2 owns the connection and stream states, the SETTINGS exchange, HPACK both ways, flow
 control windows (enforced: DATA past a window is FLOW_CONTROL_ERROR), CONTINUATION
 assembly (at most 64 frames a block), closed-stream bookkeeping and the GOAWAY of a
@@ -16,7 +15,9 @@ inflated no further than the max message size), when received data is acknowledg
 its message is handed to the calls), the answers of one loop iteration leaving in one
 ``transport.write``, gRPC's ping policy, and budgets for the frames RFC 9113 lets a peer
 send for free (RST_STREAM, SETTINGS, PRIORITY, empty DATA, unknown types: past a budget
-per second, GOAWAY ENHANCE_YOUR_CALM).
+per second, GOAWAY ENHANCE_YOUR_CALM). Unlike GrpcConnection it charges nothing to the
+server's request budget (--max-request-bytes-in-flight) and inflates compressed messages
+on the loop.
 
 Used by ``perf/serve_h2.py`` (nereid with this class in place of GrpcConnection) for the
 comparison in perf/README.md, "gRPC transport: h2's state machine vs nereid's own framing".
