@@ -226,8 +226,12 @@ def test_each_error_has_tritons_grpc_status(error: NereidError, code: grpc.Statu
 
 
 class _Manager:
-    def __init__(self) -> None:
+    """The manager as ModelInfer reads it: ``latest`` (READY latest versions by name, read
+    without a call) and ``get`` (any version, or Triton's error)."""
+
+    def __init__(self, latest: dict[str, Any] | None = None) -> None:
         self.asked: list[tuple[str, int | None]] = []
+        self.latest = latest or {}
 
     def get(self, name: str, version: int | None) -> Any:
         self.asked.append((name, version))
@@ -239,6 +243,15 @@ def test_the_version_a_request_names_is_the_one_served(text: str, version: int |
     manager = _Manager()
     ModelInfer(manager, None).serving(service_pb2.ModelInferRequest(model_name="pair", model_version=text))  # type: ignore[arg-type]
     assert manager.asked == [("pair", version)]
+
+
+def test_a_request_naming_no_version_reads_the_latest_without_asking() -> None:
+    manager = _Manager(latest={"pair": "pair v3"})
+    infer = ModelInfer(manager, None)  # type: ignore[arg-type]
+    assert infer.serving(service_pb2.ModelInferRequest(model_name="pair")) == "pair v3"
+    assert manager.asked == []
+    assert infer.serving(service_pb2.ModelInferRequest(model_name="pair", model_version="2")) == "pair"
+    assert manager.asked == [("pair", 2)]
 
 
 def test_a_version_that_is_not_a_number_is_invalid() -> None:
