@@ -146,5 +146,7 @@ def test_poll_loads_from_the_second_folder_and_unloads_a_name_that_becomes_a_dup
         await manager.poll()
         changes = await manager.poll()
         assert changes.removed == ("x",) and manager.ready_models() == ["y"]
+        why = f"model 'x' is not unique across all model repositories: {a.root / 'x'} and {b.root / 'x'}"
+        assert [entry for entry in await manager.index() if entry.name == "x"] == [IndexEntry("x", 1, "UNAVAILABLE", why)]
 
     run([a.root, b.root], scenario, mode="poll")

@@ -321,6 +321,8 @@ class ModelManager:
             *(self._unload_logged(name) for name in changes.removed),
             *(self._load_logged(name) for name in changes.added + changes.modified),
         )
+        # A name now in two repositories: its load fails, so the index says why it went.
+        await asyncio.gather(*(self._load_logged(name) for name in changes.removed if name in scan.duplicates))
         return changes
 
     async def _poll_forever(self) -> None:
