@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+import nereid
 
 from tests.conftest import ROOT, RepoBuilder, RunningServer
 from tests.e2e.test_model_control import CONFIG, adder, added, index, wait_for
@@ -97,3 +100,22 @@ def test_poll_mode_picks_up_a_new_model_in_the_second_repository(serve, repo: Re
     wait_for(lambda: index(server).get("second") == [{"name": "second", "version": "1", "state": "READY"}],
              what="second READY")
     assert added(server, "second") == 2
+
+
+def test_from_python_server_takes_a_list_and_serve_refuses_a_duplicate(repo: RepoBuilder, tmp_path: Path) -> None:
+    more = second_repository(tmp_path)
+    repo.add("first", CONFIG, adder(1))
+    more.add("second", CONFIG, adder(2))
+    data = np.zeros((1, 4), np.float32)
+    with nereid.Server([repo.root, more.root]) as server:
+        assert server.infer("second", {"INPUT0": data})["OUTPUT0"].tolist() == [[2.0] * 4]
+        assert server.infer("first", {"INPUT0": data})["OUTPUT0"].tolist() == [[1.0] * 4]
+
+    more.add("first", CONFIG, adder(3))
+    why = f"model 'first' is not unique across all model repositories: {repo.root / 'first'} and {more.root / 'first'}"
+    with pytest.raises(ValueError) as caught:
+        nereid.serve([repo.root, more.root], http_port=0)
+    assert str(caught.value) == f"nereid.serve(): model_repository: {why}"
+    with nereid.Server([repo.root, more.root]) as server:
+        [row] = [entry for entry in server.models() if entry.name == "first"]
+        assert (row.state, row.reason) == ("UNAVAILABLE", why)
