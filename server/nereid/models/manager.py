@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
@@ -96,7 +97,7 @@ class ModelManager:
             raise ValueError(f"model control mode: expected one of {', '.join(MODEL_CONTROL_MODES)}, got {mode!r}")
         if mode == "poll" and not poll_secs > 0:
             raise ValueError(f"--repository-poll-secs: expected a number of seconds > 0, got {poll_secs!r}")
-        paths = [repository] if isinstance(repository, (str, Path)) else list(repository)
+        paths = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
         if not paths:
             raise ValueError("model repository: expected at least one folder")
         #: the repository folders, in the order given
@@ -341,7 +342,7 @@ class ModelManager:
         """Log each name newly found in several repositories (Triton logs it per poll)."""
         for name, where in scan.duplicates.items():
             if self._duplicates.get(name) != where:
-                _log.error("failed to poll %s", duplicate_model_message(name, where))
+                _log.error("%s (it is not loaded)", duplicate_model_message(name, where))
         self._duplicates = dict(scan.duplicates)
 
     async def _load_logged(self, name: str, startup: bool = False) -> None:
