@@ -19,7 +19,7 @@ from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 from nereid import __version__
 from nereid.network.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
-from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions
+from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions, repository_paths
 
 __all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
 
@@ -94,7 +94,7 @@ class _Flag:
 
 _DEFAULTS = ServerOptions()
 _FLAGS = (
-    _Flag("--model-repository", "model_repository", Path, "the model repository folder (required)"),
+    _Flag("--model-repository", "model_repository", Path, "a model repository folder (required; repeat it to serve the models of several: a model name must be in one only)", repeat=True, metavar="FOLDER"),
     _Flag("--http-address", "http_address", str, f"address to serve HTTP on (default {_DEFAULTS.http_address}: loopback only)"),
     _Flag("--http-port", "http_port", _port, f"HTTP port (default {_DEFAULTS.http_port})"),
     _Flag("--grpc-port", "grpc_port", _port, f"gRPC port (default {_DEFAULTS.grpc_port})"),
@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         kwargs: dict[str, Any] = {"dest": row.field, "type": row.parse, "help": row.help, "default": None}
         if row.choices:
             kwargs["choices"] = row.choices
-        if row.repeat:  # tritonserver's way (several names after one flag) and repeated flags
+        if row.field == "model_repository":  # tritonserver's way: one folder per flag, repeated
+            kwargs["action"] = "append"
+        elif row.repeat:  # tritonserver's way (several names after one flag) and repeated flags
             kwargs["action"] = "extend"
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "NAME"
@@ -200,18 +202,24 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         value = getattr(args, row.field)
         if value is not None:
             given[row.field] = tuple(value) if row.repeat else value
+    given["model_repository"] = repository_paths(given["model_repository"])  # one folder: a Path, as ever
     return ServerOptions(**given)
 
 
 _ROWS = {row.field: row for row in _FLAGS}
 
 
-def options_from_keywords(model_repository: str | os.PathLike[str], keywords: dict[str, Any]) -> ServerOptions:
+def options_from_keywords(
+    model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], keywords: dict[str, Any]
+) -> ServerOptions:
     """ServerOptions from ``nereid.serve``'s arguments: each keyword is a flag's field
     (``http_port`` for ``--http-port``), checked by that flag's own parser, so a value
     ``nereid serve`` refuses is refused here with the same words. Raises TypeError for a
     keyword that is no flag, ValueError for a value the flag refuses."""
-    given: dict[str, Any] = {"model_repository": _keyword_value(_ROWS["model_repository"], model_repository)}
+    folders = _keyword_value(_ROWS["model_repository"], model_repository)
+    if not folders:
+        raise ValueError("nereid.serve(): model_repository: expected a folder or a list of folders, got an empty list")
+    given: dict[str, Any] = {"model_repository": repository_paths(folders)}
     for name, value in keywords.items():
         row = _ROWS.get(name)
         if row is None:
@@ -244,8 +252,11 @@ def _keyword_value(row: _Flag, value: object) -> Any:
     return parsed
 
 
-def serve(model_repository: str | os.PathLike[str] = "model_repository", **options: Any) -> int:
-    """Serve ``model_repository`` the way ``nereid serve`` does: HTTP, gRPC and metrics,
+def serve(
+    model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = "model_repository", **options: Any
+) -> int:
+    """Serve ``model_repository`` (a folder, or a list of folders whose models are served
+    together) the way ``nereid serve`` does: HTTP, gRPC and metrics,
     blocking until SIGINT or SIGTERM; returns the command's exit status (0 after a clean
     stop, 1 when a port could not be bound).
 
@@ -256,9 +267,9 @@ def serve(model_repository: str | os.PathLike[str] = "model_repository", **optio
     another thread or your own event loop, use ``nereid.Server`` (``await server.serve()``).
     """
     settings = options_from_keywords(model_repository, options)
-    problem = _repository_problem(settings.model_repository)
+    problem = _repositories_problem(settings.model_repositories, "model_repository")
     if problem is not None:
-        raise ValueError(f"nereid.serve(): model_repository {settings.model_repository}: {problem}")
+        raise ValueError(f"nereid.serve(): {problem}")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
             "nereid.serve() runs in the main thread (it handles SIGINT and SIGTERM); on another thread or "
@@ -292,9 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         options = options_from_args(args)
-        problem = _repository_problem(options.model_repository)
+        problem = _repositories_problem(options.model_repositories, "--model-repository")
         if problem is not None:
-            print(f"nereid: --model-repository {options.model_repository}: {problem}", file=sys.stderr)
+            print(f"nereid: {problem}", file=sys.stderr)
             return 2
         try:
             run = _prepare(options)
@@ -322,6 +333,22 @@ def _convert_config(path: Path) -> int:
         print(f"nereid convert-config: {exc.message}", file=sys.stderr)
         return 2
     return 0
+
+
+def _repositories_problem(paths: Sequence[Path], label: str) -> str | None:
+    """Why the repository folders cannot be served (``LABEL FOLDER: why``, or a model name
+    in several of them, as Triton refuses it), or None."""
+    for path in paths:
+        problem = _repository_problem(path)
+        if problem is not None:
+            return f"{label} {path}: {problem}"
+    if len(paths) > 1:
+        from nereid.repository.scan import duplicate_model_message, scan_repositories  # late: `--help` stays fast
+
+        duplicates = scan_repositories(paths).duplicates
+        if duplicates:
+            return f"{label}: " + "; ".join(duplicate_model_message(name, where) for name, where in duplicates.items())
+    return None
 
 
 def _repository_problem(path: Path) -> str | None:

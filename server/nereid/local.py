@@ -15,9 +15,8 @@ import os
 import queue
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
-from typing import Any, AsyncIterator, Iterator, Mapping, TypedDict, Unpack
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence, TypedDict, Unpack
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from nereid.errors import InvalidInputError, NereidError, UnsupportedError
 from nereid.inference import InferRequest, ParameterValue
 from nereid.models.manager import IndexEntry, ModelManager
 from nereid.models.serving import ServingModel
-from nereid.options import ServerOptions
+from nereid.options import ServerOptions, repository_paths
 from nereid.tensors.checks import ConfigRules, Facts, Problem, triton_text
 from nereid.triton_python import pb_utils
 
@@ -283,11 +282,15 @@ class InProcessServer:
     many threads (or tasks) at once are batched together like HTTP requests.
     """
 
-    def __init__(self, model_repository: str | os.PathLike[str] | ServerOptions = "model_repository", **options: Any) -> None:
+    def __init__(
+        self,
+        model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | ServerOptions = "model_repository",
+        **options: Any,
+    ) -> None:
         if isinstance(model_repository, ServerOptions):
             self.options = dataclasses.replace(model_repository, **options) if options else model_repository
         else:
-            self.options = ServerOptions(model_repository=Path(model_repository), **options)
+            self.options = ServerOptions(model_repository=repository_paths(model_repository), **options)
         #: how this server's Triton models reach its other models (BLS)
         self.bls = ServerBls()
         self.manager = self._make_manager()
@@ -298,7 +301,7 @@ class InProcessServer:
     def _make_manager(self) -> ModelManager:
         options = self.options
         return ModelManager(
-            options.model_repository,
+            options.model_repositories,
             mode=options.model_control_mode,
             startup_models=options.load_model,
             poll_secs=options.repository_poll_secs,

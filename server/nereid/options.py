@@ -5,12 +5,14 @@ Owns the record only; the CLI builds it from flags, ``Server`` reads it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from nereid.network.access import Restriction
 
-__all__ = ["ServerOptions", "GRPC_SERVERS", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
+__all__ = ["ServerOptions", "repository_paths", "GRPC_SERVERS", "HTTP_SERVERS", "MODEL_CONTROL_MODES"]
 
 HTTP_SERVERS = ("native", "uvicorn", "granian", "hypercorn")
 GRPC_SERVERS = ("native", "grpcio")
@@ -22,7 +24,9 @@ class ServerOptions:
     """Server-wide settings. Field names follow tritonserver's flags (``--http-port`` ->
     ``http_port``)."""
 
-    model_repository: Path = Path("model_repository")
+    #: the model repository folder, or several (``--model-repository`` repeated): their
+    #: models together, as in Triton. ``model_repositories`` reads either form.
+    model_repository: Path | tuple[Path, ...] = Path("model_repository")
     http_address: str = "127.0.0.1"
     http_port: int = 8000
     #: a socket file descriptor to serve on instead of binding (tests pass a bound socket).
@@ -105,3 +109,21 @@ class ServerOptions:
     http_restricted_api: tuple[Restriction, ...] = field(default_factory=tuple)
     grpc_restricted_protocol: tuple[Restriction, ...] = field(default_factory=tuple)
     metrics_restricted_api: Restriction | None = None
+
+    @property
+    def model_repositories(self) -> tuple[Path, ...]:
+        """Every model repository folder, in the order given (one for a single folder)."""
+        if isinstance(self.model_repository, (str, os.PathLike)):
+            return (Path(self.model_repository),)
+        return tuple(dict.fromkeys(Path(path) for path in self.model_repository))  # a folder given twice counts once
+
+
+def repository_paths(value: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Path | tuple[Path, ...]:
+    """``ServerOptions.model_repository`` from one folder or several: one folder (alone or
+    in a list) stays a Path, several become a tuple. Raises ValueError for an empty list."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    paths = tuple(dict.fromkeys(Path(path) for path in value))
+    if not paths:
+        raise ValueError("model_repository: expected a folder or a list of folders, got an empty list")
+    return paths[0] if len(paths) == 1 else paths

@@ -17,7 +17,7 @@ import socket
 import ssl
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from nereid.asgi_engines import serve_granian, serve_hypercorn, serve_uvicorn
 from nereid.network.access import Refusals, restriction_table
@@ -71,7 +71,11 @@ class Server(InProcessServer):
     initial model load is done.
     """
 
-    def __init__(self, model_repository: str | os.PathLike[str] | ServerOptions = "model_repository", **options: Any) -> None:
+    def __init__(
+        self,
+        model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | ServerOptions = "model_repository",
+        **options: Any,
+    ) -> None:
         super().__init__(model_repository, **options)
         options_ = self.options
         self.shm = SharedMemoryManager()
@@ -147,7 +151,7 @@ class Server(InProcessServer):
         fit_open_file_limit(options.http_max_connections)
         if where:
             _log.info(
-                "nereid serving %s on %s (HTTP engine: %s%s)", options.model_repository, where, engine,
+                "nereid serving %s on %s (HTTP engine: %s%s)", _folders(options), where, engine,
                 ", HTTPS" if http_tls is not None else "",
             )
         grpc_server = await self._start_grpc(grpc_tls)
@@ -263,7 +267,7 @@ class Server(InProcessServer):
             if fd is None:  # the port actually bound (0 picks one)
                 host, port = list(listener.sockets)[0].getsockname()[:2]  # type: ignore[attr-defined]
                 _log.info(
-                    "nereid serving %s on %s:%d (HTTP engine: native%s)", options.model_repository, host, port,
+                    "nereid serving %s on %s:%d (HTTP engine: native%s)", _folders(options), host, port,
                     ", HTTPS" if tls is not None else "",
                 )
 
@@ -313,6 +317,11 @@ class Server(InProcessServer):
             sys.stderr.flush()
             os._exit(1)
         return 0
+
+
+def _folders(options: ServerOptions) -> str:
+    """The model repository folders, for the log line."""
+    return ", ".join(str(path) for path in options.model_repositories)
 
 
 def _http_listener(options: ServerOptions) -> tuple[socket.socket | None, int | None, str]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
-from typing import AsyncIterator, Iterable, Mapping
+from typing import AsyncIterator, Iterable, Mapping, Sequence
 
 from nereid.config.schema import ModelConfig
 from nereid.errors import ModelLoadError, ModelNotFoundError, ModelNotReadyError, NereidError, UnavailableError
@@ -30,8 +31,16 @@ from nereid.models.states import (
 )
 from nereid.options import MODEL_CONTROL_MODES
 from nereid.triton_python.bls import BlsTarget
-from nereid.repository.scan import ModelSource, check_model_name, is_model_folder, list_model_names, read_model
-from nereid.repository.watch import ChangeDetector, Changes, fingerprint_repository
+from nereid.repository.scan import (
+    ModelSource,
+    RepositoryScan,
+    check_model_name,
+    duplicate_model_message,
+    is_model_folder,
+    read_model_in,
+    scan_repositories,
+)
+from nereid.repository.watch import ChangeDetector, Changes, fingerprint_scan
 from nereid.models.serving import ServingModel, Ticket
 
 __all__ = [
@@ -51,7 +60,11 @@ _log = logging.getLogger("nereid")
 
 
 class ModelManager:
-    """Loads models from a repository and serves their READY versions.
+    """Loads models from one or more repositories and serves their READY versions.
+
+    Several repositories (``--model-repository`` repeated) serve the union of their
+    models; a name with a folder in more than one is no model, as in Triton: it is
+    UNAVAILABLE with a reason naming every folder, and is not loaded.
 
     ``mode`` is tritonserver's model control mode: ``none`` loads every model at start and
     the load/unload API is refused (by the HTTP layer); ``explicit`` loads
@@ -69,7 +82,7 @@ class ModelManager:
 
     def __init__(
         self,
-        repository: Path,
+        repository: Path | Sequence[Path],
         *,
         mode: str = "none",
         startup_models: Iterable[str] = (),
@@ -84,7 +97,11 @@ class ModelManager:
             raise ValueError(f"model control mode: expected one of {', '.join(MODEL_CONTROL_MODES)}, got {mode!r}")
         if mode == "poll" and not poll_secs > 0:
             raise ValueError(f"--repository-poll-secs: expected a number of seconds > 0, got {poll_secs!r}")
-        self.repository = Path(repository)
+        paths = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
+        if not paths:
+            raise ValueError("model repository: expected at least one folder")
+        #: the repository folders, in the order given
+        self.repositories: tuple[Path, ...] = tuple(Path(path) for path in paths)
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
@@ -100,6 +117,8 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
+        #: names in several repositories at the last scan (logged once each)
+        self._duplicates: dict[str, tuple[Path, ...]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -108,20 +127,22 @@ class ModelManager:
         mode then start watching the repository. A model that fails to load is
         UNAVAILABLE with its reason; it never stops the others or the server."""
         baseline = None
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        self._note_duplicates(scan)
         if self.mode == "poll":
             # Fingerprints taken before loading: a change made while models load is seen
             # by the first polls and acted on.
-            baseline = await asyncio.to_thread(fingerprint_repository, self.repository)
+            baseline = await asyncio.to_thread(fingerprint_scan, scan)
         if self.mode == "explicit" and "*" not in self.startup_models:
             names = list(dict.fromkeys(self.startup_models))
         else:
-            names = await asyncio.to_thread(list_model_names, self.repository)
+            names = list(scan.roots) + list(scan.duplicates)  # a duplicate is remembered UNAVAILABLE
         await asyncio.gather(*(self._load_logged(name, startup=True) for name in names))
         self._startup_done = True
         if baseline is not None:
             self._detector = ChangeDetector(baseline)
             self._poller = asyncio.create_task(self._poll_forever(), name="nereid-repository-poll")
-            _log.info("polling %s for changes every %g s", self.repository, self.poll_secs)
+            _log.info("polling %s for changes every %g s", self._folders(), self.poll_secs)
 
     async def aclose(self) -> None:
         """Stop polling, then unload everything (in-flight requests finish first)."""
@@ -234,8 +255,8 @@ class ModelManager:
         """The repository index: every model folder (those never loaded by name only)
         and every model the manager knows, one row per version with state and reason;
         ``ready_only`` keeps READY rows only. The folder is read off the event loop."""
-        folders = await asyncio.to_thread(list_model_names, self.repository)
-        return self._entries(folders, ready_only)
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        return self._entries([*scan.roots, *scan.duplicates], ready_only)
 
     def states(self) -> list[IndexEntry]:
         """The rows of the models the manager knows (no folder scan): the start-up table."""
@@ -283,10 +304,13 @@ class ModelManager:
         off the event loop, and act on the changes that have held still for one poll:
         unload removed models, load new ones, reload changed ones. Returns what it acted
         on. Failures are logged and shown in the index, never raised."""
+        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        self._note_duplicates(scan)
         if self._detector is None:
-            self._detector = ChangeDetector(await asyncio.to_thread(fingerprint_repository, self.repository))
+            self._detector = ChangeDetector(await asyncio.to_thread(fingerprint_scan, scan))
             return Changes()
-        current = await asyncio.to_thread(fingerprint_repository, self.repository)
+        # A name now in two repositories is left out of the fingerprints: it unloads, as in Triton.
+        current = await asyncio.to_thread(fingerprint_scan, scan)
         changes = self._detector.observe(current)
         for name in changes.removed:
             _log.info("repository poll: '%s' was removed", name)
@@ -298,6 +322,8 @@ class ModelManager:
             *(self._unload_logged(name) for name in changes.removed),
             *(self._load_logged(name) for name in changes.added + changes.modified),
         )
+        # A name now in two repositories: its load fails, so the index says why it went.
+        await asyncio.gather(*(self._load_logged(name) for name in changes.removed if name in scan.duplicates))
         return changes
 
     async def _poll_forever(self) -> None:
@@ -306,7 +332,18 @@ class ModelManager:
             try:
                 await self.poll()
             except Exception:  # a failed poll must not end polling
-                _log.exception("repository poll of %s failed", self.repository)
+                _log.exception("repository poll of %s failed", self._folders())
+
+    def _folders(self) -> str:
+        """The repository folders, for log lines."""
+        return ", ".join(str(path) for path in self.repositories)
+
+    def _note_duplicates(self, scan: RepositoryScan) -> None:
+        """Log each name newly found in several repositories (Triton logs it per poll)."""
+        for name, where in scan.duplicates.items():
+            if self._duplicates.get(name) != where:
+                _log.error("%s (it is not loaded)", duplicate_model_message(name, where))
+        self._duplicates = dict(scan.duplicates)
 
     async def _load_logged(self, name: str, startup: bool = False) -> None:
         try:
@@ -345,7 +382,7 @@ class ModelManager:
         if self._closing:
             raise UnavailableError(f"cannot load '{name}': the server is shutting down")
         async with self._locked(name) as record:
-            source = await asyncio.to_thread(read_model, self.repository, name, config)
+            source = await asyncio.to_thread(read_model_in, self.repositories, name, config)
             if source.config is None or source.error is not None:
                 reason = source.error or f"{source.path}: invalid config"
                 _log.error("failed to load '%s': %s", name, reason)

@@ -97,7 +97,7 @@ def run_on_ray(options: ServerOptions) -> int:
         serve.run(build_application(options), name="nereid", route_prefix="/")
         what = (f"{options.ray_min_replicas}-{options.ray_max_replicas} replicas (autoscaling)"
                 if options.ray_max_replicas else f"{options.ray_replicas} replicas")
-        _log.info("nereid serving %s on Ray Serve, %s, at %s:%d", options.model_repository, what,
+        _log.info("nereid serving %s on Ray Serve, %s, at %s:%d", ", ".join(map(str, options.model_repositories)), what,
                   options.http_address, options.http_port)
         print(f"nereid: serving on Ray Serve ({what}) at http://{options.http_address}:{options.http_port}", flush=True)
         while not stop.wait(1.0):

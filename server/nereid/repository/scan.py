@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from nereid.config import load_model_config
 from nereid.config.pbtxt import PBTXT_FILE, load_pbtxt_config, read_pbtxt
@@ -25,8 +26,12 @@ __all__ = [
     "VersionSource",
     "check_model_name",
     "is_model_folder",
+    "RepositoryScan",
+    "duplicate_model_message",
     "list_model_names",
+    "scan_repositories",
     "read_model",
+    "read_model_in",
     "select_versions",
 ]
 
@@ -76,6 +81,35 @@ def list_model_names(root: Path) -> list[str]:
         if entry.is_dir() and not entry.name.startswith((".", "_")) and is_model_folder(Path(entry.path))
     ]
     return sorted(names)
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryScan:
+    """The model folders of several repositories together (``--model-repository`` given
+    more than once): ``roots`` maps each model name found in exactly one repository to
+    that repository; ``duplicates`` maps a name found in several to all of them, in the
+    order the repositories were given. As in Triton, a duplicated name is no model."""
+
+    roots: dict[str, Path]
+    duplicates: dict[str, tuple[Path, ...]]
+
+
+def scan_repositories(repositories: Sequence[Path]) -> RepositoryScan:
+    """Which repository holds each model folder (``list_model_names`` of each), names
+    sorted; a name held by several goes to ``duplicates`` instead."""
+    found: dict[str, list[Path]] = {}
+    for root in repositories:
+        for name in list_model_names(root):
+            found.setdefault(name, []).append(root)
+    roots = {name: where[0] for name, where in sorted(found.items()) if len(where) == 1}
+    duplicates = {name: tuple(where) for name, where in sorted(found.items()) if len(where) > 1}
+    return RepositoryScan(roots, duplicates)
+
+
+def duplicate_model_message(name: str, repositories: Sequence[Path]) -> str:
+    """Triton's words for a model name in several repositories, with the folders."""
+    folders = " and ".join(str(root / name) for root in repositories)
+    return f"model '{name}' is not unique across all model repositories: {folders}"
 
 
 def is_model_folder(folder: Path) -> bool:
@@ -213,6 +247,27 @@ def read_model(root: Path, name: str, config: ModelConfig | None = None) -> Mode
             missing_versions=tuple(missing),
         )
     return ModelSource(name, folder, config, None, versions, tuple(missing))
+
+
+def read_model_in(repositories: Sequence[Path], name: str, config: ModelConfig | None = None) -> ModelSource:
+    """``read_model`` from whichever of ``repositories`` holds a folder ``name``. A name
+    with a folder in several repositories is no model (Triton's rule): ``error`` names
+    every folder. Raises InvalidInputError for a name that is not a folder name."""
+    check_model_name(name)
+    holders = [root for root in repositories if _has_folder(root, name)]
+    if len(holders) > 1:
+        return ModelSource(name, holders[0] / name, None, duplicate_model_message(name, holders))
+    if not holders and len(repositories) > 1:
+        searched = ", ".join(str(root) for root in repositories)
+        return ModelSource(name, repositories[0] / name, None, f"no model folder '{name}' in any model repository ({searched})")
+    return read_model(holders[0] if holders else repositories[0], name, config)
+
+
+def _has_folder(root: Path, name: str) -> bool:
+    try:
+        return (root / name).is_dir()
+    except OSError:  # there, but unreadable: read_model says why
+        return True
 
 
 def _unreadable(folder: Path, exc: OSError) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from nereid.repository.scan import list_model_names
+from nereid.repository.scan import RepositoryScan, list_model_names
 
 __all__ = [
     "FileStamp",
@@ -24,6 +24,7 @@ __all__ = [
     "is_ignored",
     "fingerprint_model",
     "fingerprint_repository",
+    "fingerprint_scan",
 ]
 
 #: Files up to this size are fingerprinted by content too, so an edit that keeps the
@@ -82,6 +83,12 @@ def fingerprint_repository(root: Path) -> dict[str, Fingerprint]:
     """Fingerprints of every model folder of the repository (the folders
     ``list_model_names`` finds), by model name."""
     return {name: fingerprint_model(root / name) for name in list_model_names(root)}
+
+
+def fingerprint_scan(scan: RepositoryScan) -> dict[str, Fingerprint]:
+    """Fingerprints of the models of several repositories (``scan_repositories``), by
+    name; a name in several repositories is left out (no model, as in Triton)."""
+    return {name: fingerprint_model(root / name) for name, root in scan.roots.items()}
 
 
 def _stamp(path: str, relative: str) -> FileStamp | None:
