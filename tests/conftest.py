@@ -229,6 +229,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("isolation_sensitive")
             if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
                 item.add_marker("config_format_sensitive")
+        if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
+            # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
+            # per-test limit (pyproject's, 120 s) must leave it that long and the test its time.
+            item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 120))
         if parts[0] == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))
         thread_only = item.get_closest_marker("thread_only")
