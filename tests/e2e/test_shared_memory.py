@@ -10,6 +10,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
