@@ -4,7 +4,10 @@
 #                PORT+1, metrics on PORT+2 (GRPC_PORT=, METRICS_PORT= to choose them apart;
 #                ARGS="--log-verbose 1" for more flags)
 #   make test    the same set-up plus test dependencies, then the whole suite (mypy --strict,
-#                import contracts, pytest; the e2e tests a second time with process instances)
+#                import contracts, pytest), then the e2e tests that depend on where model code
+#                runs again with process instances, and those that depend on the config file
+#                again with config.pbtxt (markers chosen in tests/conftest.py)
+#   make test-full   the same, with both extra passes over the whole e2e suite (slower)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,7 +22,7 @@ GRPC_PORT ?= $(shell echo $$(( $(PORT) + 1 )))
 METRICS_PORT ?= $(shell echo $$(( $(PORT) + 2 )))
 ARGS ?=
 
-.PHONY: serve test install install-test perf-analyzer lint bench clean
+.PHONY: serve test test-full install install-test perf-analyzer lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,12 +55,25 @@ lint: install-test
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# The extra passes re-run only the e2e tests whose behaviour depends on the pass's setting
+# (markers isolation_sensitive and config_format_sensitive, chosen file by file in
+# tests/conftest.py by what each file exercises, plus a smoke: every example model and every
+# datatype): three full e2e passes took most of a 17-23 minute `make test` on a 2-core
+# machine, spent on front-end tests (HTTP framing, gRPC, TLS, CLI) that no pass changes.
+# `make test-full` runs both extra passes over the whole e2e suite.
 test: install-test perf-analyzer
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q tests/e2e --isolation process   # the e2e suite again, every model in process instances
-	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt   # and again, every model's config as Triton's config.pbtxt
+	$(BIN)/python -m pytest -q tests/e2e --isolation process -m isolation_sensitive   # every model in process instances
+	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt -m config_format_sensitive   # every config as Triton's config.pbtxt
+
+test-full: install-test perf-analyzer
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q tests/e2e --isolation process
+	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt
 
 bench: install-test perf-analyzer
 	$(BIN)/python perf/bench_identity.py

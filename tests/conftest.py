@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The example models. Under ``--isolation process``: a temporary copy of them whose
@@ -56,6 +57,46 @@ ISOLATION = "thread"
 
 #: "toml" (the default) or "pbtxt"; set from the command line in pytest_configure.
 REPO_FORMAT = "toml"
+
+
+# -- which e2e tests the extra passes of `make test` run -------------------------------------
+#
+# `make test` runs the whole suite once (thread instances, config.toml), then tests/e2e again
+# under --isolation process and under --repo-format pbtxt. Two more full e2e passes took most
+# of a 17-23 minute `make test` on a 2-core machine, and most e2e files test the front end
+# (HTTP/1.1 framing, gRPC, TLS, restricted APIs, logging, CLI flags, hostile clients), which
+# behaves the same wherever model code runs and whichever file a config came from. So each
+# extra pass selects, by marker, the files whose behaviour depends on its setting (read from
+# what each file exercises), plus a smoke of the rest: every example model and every
+# datatype through the stock clients. `make test-full` runs both extra passes over all of
+# tests/e2e. A test can also carry either marker itself (@pytest.mark.isolation_sensitive).
+
+#: Where model code runs changes what these exercise (-m isolation_sensitive): batching and
+#: statistics across a process boundary, model faults and BaseExceptions in a worker,
+#: streaming and decoupled models, warmup, shared memory, load/unload/reload of worker
+#: processes, Triton's BLS and pb_utils models, the in-process API, failed loads, the
+#: stats and config endpoints (which show the isolation). test_process_*.py and
+#: test_device_tensors.py choose their isolation themselves, so they are not repeated.
+ISOLATION_SENSITIVE = frozenset({
+    "test_base_exceptions.py", "test_batching_http.py", "test_endpoints.py", "test_generate.py",
+    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_shared_memory.py",
+    "test_triton_models.py", "test_unavailable_reasons.py",
+})
+
+#: Whether a config was config.toml or config.pbtxt changes what these exercise
+#: (-m config_format_sensitive): loading and reloading configs, the config endpoint with
+#: every default, Triton's auto-complete and config.pbtxt examples, failed loads and their
+#: reasons, the batching, decoupled and instance-group settings, and nereid's own keys
+#: (isolation, input_tensors, max_concurrent_batches, warmup), which pbtxt carries as parameters.
+CONFIG_FORMAT_SENSITIVE = frozenset({
+    "test_batching_http.py", "test_device_tensors.py", "test_endpoints.py", "test_generate.py",
+    "test_model_control.py", "test_process_features.py", "test_process_instances.py",
+    "test_triton_models.py", "test_unavailable_reasons.py",
+})
+
+#: The smoke both extra passes add: every example model (served in the pass's form) and
+#: every datatype and the stock clients' flows over HTTP.
+SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,6 +144,13 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "install: installs nereid into a fresh virtual environment (pip; tests/install)"
+    )
+    config.addinivalue_line(
+        "markers", "isolation_sensitive: e2e tests `make test` runs again under --isolation process (ISOLATION_SENSITIVE)"
+    )
+    config.addinivalue_line(
+        "markers", "config_format_sensitive: e2e tests `make test` runs again under --repo-format pbtxt "
+        "(CONFIG_FORMAT_SENSITIVE)"
     )
     global REPO_FORMAT
     ISOLATION = config.getoption("isolation")
@@ -169,12 +217,22 @@ def _toml_value(value: object) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers come from the directory: tests/e2e -> e2e, tests/gpu -> gpu, tests/unit -> unit,
-    tests/ray -> ray, tests/install -> install.
+    tests/ray -> ray, tests/install -> install; e2e files named in ISOLATION_SENSITIVE,
+    CONFIG_FORMAT_SENSITIVE or SMOKE get the extra passes' markers.
     Under ``--isolation process``, ``thread_only`` tests are skipped."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts[0] in ("e2e", "gpu", "unit", "ray", "install"):
             item.add_marker(parts[0])
+        if parts[0] == "e2e":
+            if parts[-1] in ISOLATION_SENSITIVE | SMOKE:
+                item.add_marker("isolation_sensitive")
+            if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
+                item.add_marker("config_format_sensitive")
+        if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
+            # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
+            # per-test limit (pyproject's, 120 s) must leave it that long and the test its time.
+            item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 120))
         if parts[0] == "gpu" and not _cuda_available():
             item.add_marker(pytest.mark.skip(reason="no CUDA device visible"))
         thread_only = item.get_closest_marker("thread_only")
@@ -260,17 +318,6 @@ def repo(tmp_path: Path) -> RepoBuilder:
     return RepoBuilder(root)
 
 
-def wait_until(condition: Callable[[], object], what: str, polls: int = 1500, every: float = 0.02) -> None:
-    """Poll ``condition`` (every ``every`` seconds, at most ``polls`` times) until it is
-    true; fail with ``what`` otherwise. For waiting on another process (a server's log, a
-    model's state): it bounds the wait without asserting on the clock."""
-    for _ in range(polls):
-        if condition():
-            return
-        time.sleep(every)
-    pytest.fail(f"not within {polls} polls: {what}")
-
-
 # -- servers ------------------------------------------------------------------------------
 
 
@@ -300,6 +347,8 @@ class RunningServer:
     stopped: bool = field(default=False)
     #: the gRPC port (None when gRPC is off)
     grpc_port: int | None = None
+    #: the metrics port start_server chose (None when the test passed its own or none)
+    metrics_port: int | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -316,6 +365,19 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def gauge(self, name: str, model: str) -> float:
+        """A per-model gauge of ``/metrics`` now, e.g. ``nv_inference_pending_request_count``
+        (requests queued) or ``nereid_batches_executing`` (batches running): what a test
+        waits on to know a request is queued or running, instead of sleeping."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        assert self.metrics_port is not None, "no metrics port chosen by start_server"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == name and sample.labels.get("model") == model)
+
     def stop(self, timeout: float = 20.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -330,7 +392,7 @@ class RunningServer:
 
 
 def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool = True,
-                 timeout: float = 60.0, engine: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 timeout: float = START_TIMEOUT_S, engine: str | None = None, ssl_context: ssl.SSLContext | None = None,
                  ready_headers: dict[str, str] | None = None) -> RunningServer:
     """Start ``python -m nereid serve`` on a free loopback port and wait for health
     (over HTTPS with ``ssl_context``; ``ready_headers`` for a restricted health group)."""
@@ -338,9 +400,11 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     log_path = log_dir / f"nereid-{port}.log"
     command = [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repository),
                "--http-port", str(port), *args]
+    metrics_port = None
     if "--metrics-port" not in args and "--allow-metrics" not in args:
         # Test servers run side by side: each gets its own free metrics port, never 8002.
-        command += ["--metrics-port", str(free_port())]
+        metrics_port = free_port()
+        command += ["--metrics-port", str(metrics_port)]
     grpc_port = int(args[args.index("--grpc-port") + 1]) if "--grpc-port" in args else None
     if grpc_port is None and "--allow-grpc" not in args:
         grpc_port = free_port()  # likewise: never 8001
@@ -350,23 +414,26 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = RunningServer(process, port, log_path, grpc_port=grpc_port)
+    server = RunningServer(process, port, log_path, grpc_port=grpc_port, metrics_port=metrics_port)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     base = f"https://{server.url}" if ssl_context is not None else server.http
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"nereid exited with {process.returncode}:\n{server.log()}")
         try:
             ready = urllib.request.Request(base + path, headers=ready_headers or {})
             with urllib.request.urlopen(ready, timeout=1, context=ssl_context) as response:
-                if response.status == 200:
-                    return server
+                return bool(response.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.05)
-    server.stop()
-    raise AssertionError(f"nereid not {'ready' if wait_ready else 'live'} within {timeout}s:\n{server.log()}")
+            return False
+
+    try:
+        wait_until(up, lambda: f"nereid {'ready' if wait_ready else 'live'}:\n{server.log()}", timeout=timeout, every=0.05)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 @pytest.fixture

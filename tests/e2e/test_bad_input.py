@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import socket
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server
+from tests.waiting import MODEL_GATE, wait_until
 
 #: the server's --max-request-size: small, so that the size limit is cheap to reach.
 LIMIT = 1 << 20
@@ -110,19 +110,15 @@ allow_timeout_override = true
 
 # Holds the instance until the test creates the file "open" beside model.py.
 GATED = """
-import time
-
 class Model:
     def __init__(self, context):
         self.folder = context.model_dir
 
     def infer(self, inputs):
         (self.folder / "entered").touch()
-        deadline = time.monotonic() + 60
-        while not (self.folder / "open").exists() and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_for_file(self.folder / "open")
         return {"OUTPUT0": inputs["INPUT0"]}
-"""
+""" + MODEL_GATE
 
 
 @pytest.fixture(scope="module")
@@ -497,11 +493,9 @@ def test_a_full_queue_is_a_503_and_the_queued_requests_still_finish(
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         holding = pool.submit(send)
-        deadline = time.monotonic() + 30
-        while not (folder / "entered").exists():  # the first request holds the instance
-            if time.monotonic() > deadline or holding.done():
-                pytest.fail("the gated model never started")
-            time.sleep(0.005)
+        # the first request holds the instance
+        wait_until(lambda: (folder / "entered").exists() or holding.done(), "the gated model to start")
+        assert not holding.done(), f"the gated model never started: {holding.result()}"
         contenders = [pool.submit(send), pool.submit(send)]
         # While the instance is held, one contender queues and the other finds the queue full.
         first = next(concurrent.futures.as_completed(contenders, timeout=30)).result()

@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 from nereid.scheduling.batcher import DynamicBatcher
 from nereid.errors import InternalError, UnavailableError
 from nereid.stats import ModelStats
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server, wait_until
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
+from tests.waiting import wait_until
 
 #: What each INPUT0 value (its first element) makes the model raise; 0 raises nothing.
 RAISES = {
@@ -238,7 +239,7 @@ def test_a_base_exception_in_close_does_not_stop_the_unload(server: RunningServe
     client = httpclient.InferenceServerClient(server.url, network_timeout=30)
     try:
         client.unload_model("async_m")
-        wait_until(lambda: not client.is_model_ready("async_m"), "async_m unloaded", polls=400, every=0.05)
+        wait_until(lambda: not client.is_model_ready("async_m"), "async_m unloaded", every=0.05)
         client.load_model("async_m")
         assert client.is_model_ready("async_m")
     finally:
@@ -297,8 +298,10 @@ class _Raising:
     def __init__(self, raises: list[BaseException], gate: asyncio.Event | None = None) -> None:
         self.raises = raises
         self.gate = gate
+        self.entered = asyncio.Event()
 
     async def run_batch(self, items: Any) -> Any:
+        self.entered.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.raises:
@@ -336,10 +339,11 @@ def test_what_an_instance_raises_fails_its_batch_and_the_worker_goes_on(raised: 
 
 def test_the_loop_cancelling_a_worker_is_not_contained() -> None:
     async def main() -> None:
-        batcher = _batcher(_Raising([], gate=asyncio.Event()))  # the gate never opens
+        instance = _Raising([], gate=asyncio.Event())  # the gate never opens
+        batcher = _batcher(instance)
         await batcher.__aenter__()
         running = asyncio.create_task(batcher.infer(1))
-        await asyncio.sleep(0.05)
+        await instance.entered.wait()
         queued = asyncio.create_task(batcher.infer(2))
         await batcher.aclose(drain_timeout=0.05)  # cancels the worker stuck in run_batch
         with pytest.raises(UnavailableError):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, free_port
+from tests.waiting import wait_until
 
 GOOD = """
 max_batch_size = 4
@@ -91,9 +91,7 @@ def test_strict_readiness_is_not_ready_while_a_model_is_unavailable(serve, repo:
     repo.add("good", GOOD)
     repo.add("broken", "max_batch_size = -1\n")
     server = serve(repo.root, wait_ready=False)
-    deadline = time.monotonic() + 30
-    while "server is" not in server.log() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "server is" in server.log(), "the initial load to finish", every=0.05)
     assert get(server, "/v2/health/live") == 200
     assert get(server, "/v2/health/ready") == 400
     assert get(server, "/v2/models/good/ready") == 200

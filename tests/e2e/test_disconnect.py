@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import RepoBuilder
+from tests.waiting import wait_until
 
 CONFIG = """
 max_batch_size = 8
@@ -37,7 +37,8 @@ def test_a_request_whose_client_disconnects_while_queued_is_never_executed(serve
     ).encode() + body
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(request)
-        time.sleep(0.3)  # queued: the batch waits 1.5 s for company
+        # queued: the batch waits 1.5 s for company
+        wait_until(lambda: server.gauge("nv_inference_pending_request_count", "slow_batch") == 1, "the request queued")
     # The departed request must not be batched with this one.
     client = httpclient.InferenceServerClient(server.url)
     tensor = httpclient.InferInput("INPUT0", [1, 2], "FP32")

@@ -15,6 +15,7 @@ import pytest
 
 from tests import conftest
 from tests.conftest import EXAMPLES, RepoBuilder, RunningServer, start_server, visible_gpu_ids
+from tests.waiting import wait_until
 
 IDENTITY_CONFIG = """
 max_batch_size = {max_batch}
@@ -164,11 +165,8 @@ def test_ready_is_400_with_an_empty_body_while_a_model_is_unavailable(tmp_path: 
     repo.add("good", IDENTITY_CONFIG.format(max_batch=0, dims="[2]"))
     repo.add("bad", IDENTITY_CONFIG.format(max_batch=0, dims="[2]"), "raise RuntimeError('cannot load')\n")
     server = serve(repo.root, wait_ready=False)
-    deadline = time.monotonic() + 60
-    while "server is NOT ready" not in server.log():  # the initial load is over
-        if time.monotonic() > deadline:
-            pytest.fail(f"the initial load never finished:\n{server.log()}")
-        time.sleep(0.05)
+    wait_until(lambda: "server is NOT ready" in server.log(), lambda: f"the initial load to finish:\n{server.log()}",
+               every=0.05)
     with httpx.Client(base_url=server.http) as http:
         ready = http.get("/v2/health/ready")
         assert (ready.status_code, ready.content) == (400, b"")

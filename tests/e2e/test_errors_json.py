@@ -31,7 +31,8 @@ from nereid.http.generate import GenerateHandler
 from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.repository.scan import read_model
-from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, wait_until
+from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 ENGINES = ["native", "uvicorn"]
 LONG = "m" * 300
@@ -147,7 +148,7 @@ def start_patched(repository: Path, tmp_path: Path, engine: str) -> RunningServe
         except OSError:
             return False
 
-    wait_until(ready, f"the patched server ready (its log: {log_path})", polls=1200, every=0.05)
+    wait_until(ready, f"the patched server ready (its log: {log_path})", timeout=START_TIMEOUT_S, every=0.05)
     return server
 
 

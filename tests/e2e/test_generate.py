@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, start_server
+from tests.waiting import MODEL_GATE, wait_until
 
 SSE = "text/event-stream; charset=utf-8"
 
@@ -86,11 +87,9 @@ class Model:
         if mode == "fail_later":
             raise RuntimeError("boom after the first step")
         if mode == "gate":
-            deadline = time.monotonic() + 60
-            while not (self.folder / "go").exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_file(self.folder / "go")
             yield step("second", 2, finished=True)
-"""
+""" + MODEL_GATE
 
 #: Prompts of different lengths (left padding in a batch matters).
 PROMPTS = ["Hi", "Once upon a time,", "My name is Clara and I am a", "The quick brown fox jumps over the lazy dog"]
@@ -372,10 +371,7 @@ def test_disconnect_mid_stream_closes_the_models_generator(test_server: tuple[Ru
     closed = root / "gate" / "1" / "closed"
     closed.unlink(missing_ok=True)
     _open_stream(server, "gate", {"MODE": "forever"}, events=3)
-    deadline = time.monotonic() + 20
-    while not closed.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert closed.exists(), "the generator was not closed after its only client left"
+    wait_until(closed.exists, "the generator closed after its only client left")
     # The instance is free again: the next request runs.
     response = post(server, "/v2/models/gate/generate", {"MODE": "count3"})
     assert response.status_code == 200, response.text
@@ -385,13 +381,9 @@ def test_disconnect_mid_stream_closes_the_models_generator(test_server: tuple[Ru
 def test_disconnect_mid_stream_leaves_text_generator_healthy(example_server: RunningServer) -> None:
     failed_before = stats_of(example_server, "text_generator")["inference_stats"]["fail"]["count"]
     _open_stream(example_server, "text_generator", {"text_input": "Once upon a time,", "max_tokens": 256}, events=2)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if stats_of(example_server, "text_generator")["inference_stats"]["fail"]["count"] == failed_before + 1:
-            break  # counted as cancelled once its batch stopped
-        time.sleep(0.05)
-    else:
-        pytest.fail("the abandoned stream was never counted as failed (cancelled)")
+    # counted as cancelled once its batch stopped
+    wait_until(lambda: stats_of(example_server, "text_generator")["inference_stats"]["fail"]["count"] == failed_before + 1,
+               "the abandoned stream counted as failed (cancelled)", every=0.05)
     assert httpx.get(example_server.http + "/v2/health/ready", timeout=10).status_code == 200
     response = post(example_server, "/v2/models/text_generator/generate", {"text_input": "Hi", "max_tokens": 3})
     assert response.status_code == 200, response.text

@@ -301,7 +301,7 @@ def test_a_busy_grpc_port_is_one_line_before_any_model_loads(repo: RepoBuilder, 
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(AssertionError, match=re.escape(f"127.0.0.1:{port}")) as caught:
-            start_server(repo.root, "--grpc-port", str(port), "--grpc-server", engine, log_dir=tmp_path, timeout=30)
+            start_server(repo.root, "--grpc-port", str(port), "--grpc-server", engine, log_dir=tmp_path)
     assert "loading" not in str(caught.value)
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.conftest import RunningServer, wait_until
+from tests.conftest import RunningServer
+from tests.waiting import wait_until
 from tests.e2e.test_bad_input import (  # noqa: F401  (module fixtures)
     BROKEN_FAILURE,
     PARTIAL_FAILURE,

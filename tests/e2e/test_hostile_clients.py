@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import RepoBuilder, RunningServer, wait_until
+from tests.conftest import RepoBuilder, RunningServer
+from tests.waiting import MODEL_GATE, wait_until
 
 pytestmark = pytest.mark.thread_only("the HTTP front end is the subject: one isolation is enough")
 
@@ -313,10 +314,9 @@ class Model:
 
     def infer(self, inputs):
         open(self.marker, "w").close()
-        while not os.path.exists(self.marker + ".go"):  # released by the test
-            time.sleep(0.005)
+        wait_for_file(self.marker + ".go")  # released by the test
         return {"OUTPUT0": inputs["INPUT0"]}
-"""
+""" + MODEL_GATE
 
 
 def test_a_request_executed_after_its_client_left_is_counted(

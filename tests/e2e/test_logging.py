@@ -4,7 +4,6 @@ trace settings are accepted and reported in Triton's shape."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,6 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
+from tests.waiting import wait_until
 
 IDENTITY = IDENTITY_CONFIG
 
@@ -54,14 +54,11 @@ def register(server: RunningServer, region: str, key: str) -> None:
     assert reply.status_code == 200, reply.text
 
 
-def wait_for_line(server: RunningServer, pattern: str, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in server.log().splitlines():
-            if re.search(pattern, line):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no log line matches {pattern!r}:\n{server.log()}")
+def wait_for_line(server: RunningServer, pattern: str) -> str:
+    def matching() -> str | None:
+        return next((line for line in server.log().splitlines() if re.search(pattern, line)), None)
+
+    return wait_until(matching, lambda: f"a log line matching {pattern!r}:\n{server.log()}", every=0.05)
 
 
 def test_settings_have_triton_shape_and_defaults(server: RunningServer) -> None:

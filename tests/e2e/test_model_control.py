@@ -19,6 +19,7 @@ import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
+from tests.waiting import MODEL_GATE, WAIT_TIMEOUT_S, wait_until, wait_until_async
 
 CONFIG = IDENTITY_CONFIG + """\
 [dynamic_batching]
@@ -111,14 +112,8 @@ def ready(server: RunningServer, model: str | None = None) -> bool:
         c.close()
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def wait_for(condition: Callable[[], Any], timeout: float = WAIT_TIMEOUT_S, what: str = "condition") -> Any:
+    return wait_until(condition, what, timeout=timeout, every=0.05)
 
 
 def raw_post(server: RunningServer, path: str, body: bytes = b"") -> tuple[int, str]:
@@ -402,11 +397,9 @@ class Model:
 
     def infer(self, inputs):
         STARTED.touch()
-        deadline = time.monotonic() + 60
-        while not RELEASE.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_file(RELEASE)
         return {{"OUTPUT0": inputs["INPUT0"] + np.float32(7)}}
-"""
+""" + MODEL_GATE
 
 
 def test_unload_lets_accepted_requests_finish_and_refuses_new_ones(serve, repo: RepoBuilder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -420,11 +413,13 @@ def test_unload_lets_accepted_requests_finish_and_refuses_new_ones(serve, repo: 
             tensor = aioclient.InferInput("INPUT0", [1, 4], "FP32")
             tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
             in_flight = asyncio.create_task(c.infer("slow", [tensor]))
-            while not started.exists():
-                await asyncio.sleep(0.01)
+            await wait_until_async(started.exists, "the request to run")
             unloading = asyncio.create_task(c.unload_model("slow"))
-            while (await c.get_model_repository_index())[0].get("state") != "UNLOADING":
-                await asyncio.sleep(0.01)
+
+            async def unloading_now() -> bool:
+                return (await c.get_model_repository_index())[0].get("state") == "UNLOADING"
+
+            await wait_until_async(unloading_now, "the model to turn UNLOADING")
             late: Any
             try:
                 late = await c.infer("slow", [tensor])
@@ -476,7 +471,7 @@ def test_a_reload_under_concurrent_load_fails_no_request(serve, repo: RepoBuilde
             seen.append((started, delta.pop()))
 
     async def reloader(c: aioclient.InferenceServerClient) -> None:
-        await asyncio.sleep(1.0)
+        await wait_until_async(lambda: len(seen) >= 50, "50 answers before the reload")
         set_value(folder, 2000, infer_secs=0.002)
         await c.load_model("m")
         reload_done.append(time.monotonic())
@@ -485,8 +480,7 @@ def test_a_reload_under_concurrent_load_fails_no_request(serve, repo: RepoBuilde
         c = aioclient.InferenceServerClient(server.url)
         control = aioclient.InferenceServerClient(server.url)
         try:
-            # about 3 s: 1 s before the reload, the reload, 1 s after it (longer only
-            # when a busy machine makes the reload itself slow)
+            # 50 answers before the reload, the reload, 1 s of traffic after it
             stop = asyncio.get_running_loop().create_future()
             reload = asyncio.create_task(reloader(control))
             reload.add_done_callback(lambda _: asyncio.get_running_loop().call_later(1.0, stop.set_result, None))
@@ -532,7 +526,10 @@ def test_poll_mode_follows_new_changed_and_removed_folders(serve, repo: RepoBuil
     (folder / "model.py~").write_text("backup")
     (folder / "__pycache__").mkdir(exist_ok=True)
     (folder / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
-    time.sleep(1.0)  # five poll intervals
+    # A later change is found by a scan that also sees the droppings (written before it):
+    # once that change has loaded, the droppings have had their chance to reload "a".
+    repo.add("c", CONFIG, adder(100))
+    wait_for(lambda: state_of(server, "c") == [{"name": "c", "version": "1", "state": "READY"}], what="c READY")
     assert server.log().count("loading: a:1") == loads
 
     # a removed folder unloads
@@ -626,13 +623,11 @@ GATE = pathlib.Path({gate!r})
 
 class Model:
     def __init__(self, context):
-        deadline = time.monotonic() + 60
-        while not GATE.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_file(GATE)
 
     def infer(self, inputs):
         return {{"OUTPUT0": inputs["INPUT0"]}}
-"""
+""" + MODEL_GATE
 
 
 def test_the_server_is_not_ready_while_the_initial_load_runs(serve, repo: RepoBuilder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

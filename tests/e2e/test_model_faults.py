@@ -10,7 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, wait_until
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
+from tests.waiting import wait_until
 
 FAILING = """
 class Model:
@@ -41,7 +42,7 @@ def failure(server: RunningServer, model: str, **kwargs: object) -> str:
 
 def wait_for_log(server: RunningServer, text: str) -> str:
     """The log once it holds ``text`` (the server writes it from another process)."""
-    wait_until(lambda: text in server.log(), f"{text!r} in the log {server.log_path}", polls=500)
+    wait_until(lambda: text in server.log(), f"{text!r} in the log {server.log_path}")
     return server.log()
 
 

@@ -19,7 +19,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer, start_server, wait_until
+from tests.conftest import RepoBuilder, RunningServer, start_server
+from tests.waiting import wait_until
 
 PROCESS = """
 [[instance_group]]
@@ -174,15 +175,20 @@ import numpy as np
 class Model:
     def __init__(self, context):
         self.running = self.peak = 0
+        self.two_at_once = None
 
     async def infer(self, inputs):
+        if self.two_at_once is None:
+            self.two_at_once = asyncio.Event()  # made on the loop that runs infer
         self.running += 1
         self.peak = max(self.peak, self.running)
+        if self.peak >= 2:
+            self.two_at_once.set()
         try:
-            for _ in range(1000):
-                if self.peak >= 2:
-                    break
-                await asyncio.sleep(0.01)
+            try:
+                await asyncio.wait_for(self.two_at_once.wait(), 10)
+            except asyncio.TimeoutError:
+                pass  # never two at once: the peak (1) says so
             return {"OUTPUT0": np.full_like(inputs["INPUT0"], self.peak)}
         finally:
             self.running -= 1
@@ -401,7 +407,7 @@ def test_unloading_calls_close_in_the_process_and_ends_it(server: RunningServer)
     try:
         client.unload_model("closing")
         wait_until(lambda: not client.is_model_ready("closing") and len(workers(server)) == len(before) - 1,
-                   f"the model unloaded and its worker ended (workers before: {before})", polls=400, every=0.05)
+                   f"the model unloaded and its worker ended (workers before: {before})", every=0.05)
     finally:
         client.close()
     assert (folder(server, "closing") / "closed").read_text() == "closed"

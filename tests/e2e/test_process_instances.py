@@ -16,7 +16,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, wait_until
+from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
+from tests.waiting import wait_until
 
 PROCESS = IDENTITY_CONFIG + """
 [dynamic_batching]

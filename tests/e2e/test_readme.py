@@ -67,7 +67,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -86,6 +85,7 @@ from nereid.config.load import load_model_config
 from nereid.errors import ConfigError
 
 from tests.conftest import ROOT, RunningServer, free_port, start_server
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 README = ROOT / "README.md"
 PERF_README = ROOT / "perf" / "README.md"
@@ -265,19 +265,17 @@ def test_output_matching_rules() -> None:
 # -- servers ------------------------------------------------------------------------------
 
 
-def wait_ready(server: RunningServer, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_ready(server: RunningServer, timeout: float = START_TIMEOUT_S) -> None:
+    def ready() -> bool:
         if server.process.poll() is not None:
             raise AssertionError(f"server exited with {server.process.returncode}:\n{server.log()}")
         try:
             with urllib.request.urlopen(server.http + "/v2/health/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
+                return bool(response.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"server not ready within {timeout} s:\n{server.log()}")
+            return False
+
+    wait_until(ready, lambda: f"server ready:\n{server.log()}", timeout=timeout, every=0.05)
 
 
 def stop_group(server: RunningServer) -> None:
@@ -303,14 +301,17 @@ def stop_group(server: RunningServer) -> None:
         os.killpg(server.process.pid, 0)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             os.killpg(server.process.pid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.killpg(server.process.pid, signal.SIGKILL)
+            return True
+        return False
+
+    try:
+        wait_until(gone, "the server's process group gone after SIGTERM", timeout=30, every=0.05)
+    except pytest.fail.Exception:
+        os.killpg(server.process.pid, signal.SIGKILL)
 
 
 def spawn(command: list[str], cwd: Path, log_path: Path, port: int) -> RunningServer:
@@ -338,7 +339,7 @@ def readme_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
             command = ["make", "serve", f"PORT={port}", f"GRPC_PORT={free_port()}", f"METRICS_PORT={free_port()}"]
             server = spawn(command, ROOT, log_path, port)
             started.append(server)
-            wait_ready(server, timeout=180)
+            wait_ready(server)
         return started[0]
 
     yield get
@@ -443,11 +444,8 @@ def reload_count(server: RunningServer | None, name: str) -> int:
 
 def poll_until(condition: Callable[[], bool], message: str, server: RunningServer | None = None,
                timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(message + (f"\nserver log:\n{server.log()}" if server is not None else ""))
-        time.sleep(0.05)
+    wait_until(condition, lambda: message + (f"\nserver log:\n{server.log()}" if server is not None else ""),
+               timeout=timeout, every=0.05)
 
 
 def handle_toml(section: Section, block: Block) -> None:

@@ -17,7 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import RepoBuilder, RunningServer, free_port, wait_until
+from tests.conftest import RepoBuilder, RunningServer, free_port
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 SCRIPT = """
 import sys
@@ -80,7 +81,7 @@ def start_script(tmp_path: Path, repository: Path) -> tuple[RunningServer, int]:
         except OSError:
             return False
 
-    wait_until(ready, f"the script's server ready on {server.url}", polls=1200, every=0.05)
+    wait_until(ready, f"the script's server ready on {server.url}", timeout=START_TIMEOUT_S, every=0.05)
     return server, metrics_port
 
 

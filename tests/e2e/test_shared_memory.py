@@ -10,6 +10,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
@@ -19,21 +20,23 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, start_server
+from tests.waiting import MODEL_GATE, wait_until
 
 IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
 max_queue_delay_microseconds = 100
 """
 
+#: Holds each request until the test creates "open" beside model.py ("entered": it runs).
 SLOW = """
-import time
 class Model:
     def __init__(self, context):
-        pass
+        self.folder = context.model_dir
     def infer(self, inputs):
-        time.sleep(1.0)
+        (self.folder / "entered").touch()
+        wait_for_file(self.folder / "open")
         return {"OUTPUT0": inputs["INPUT0"] + 1}
-"""
+""" + MODEL_GATE
 
 DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 
@@ -179,12 +182,16 @@ def test_unregister_during_inference_is_deferred_until_the_request_is_done(
     def run() -> None:
         outcome["response"] = httpx.post(f"{server.http}/v2/models/slow/infer", json=body, timeout=30)
 
+    command = server.process.args
+    assert isinstance(command, list)
+    folder = Path(command[command.index("--model-repository") + 1]) / "slow"
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(0.5)  # the model sleeps 1 s: the request is in flight now
+    wait_until(lambda: (folder / "entered").exists(), "the request in flight")
     assert httpx.post(f"{server.http}/v2/systemsharedmemory/unregister").status_code == 200
     # Triton keeps regions in use listed until their requests complete.
     assert sorted(r["name"] for r in client.get_system_shared_memory_status()) == ["slow_in", "slow_out"]
+    (folder / "open").touch()
     worker.join(30)
     assert outcome["response"].status_code == 200, outcome["response"].text
     np.testing.assert_array_equal(

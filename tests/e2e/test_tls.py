@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from tests.certificates import Certificates, make_certificates
 from tests.conftest import RepoBuilder, RunningServer, start_server
 from tests.e2e.test_grpc import CONFIG, ENGINES
+from tests.waiting import wait_until
 
 HTTP_ENGINES = ["native", "uvicorn", "hypercorn", "granian"]
 
@@ -267,10 +268,8 @@ def test_sighup_reloads_the_server_certificate_of_the_native_engines(repo: RepoB
         shutil.copy(renewed.server_cert, live_cert)
         shutil.copy(renewed.server_key, live_key)
         server.process.send_signal(signal.SIGHUP)
-        for _ in range(1500):  # until the reload is logged (the signal is handled on the loop)
-            if server.log().count("read again") == 2:
-                break
-            time.sleep(0.02)
+        # until the reload is logged (the signal is handled on the loop)
+        wait_until(lambda: server.log().count("read again") == 2, "the certificates read again")
         assert server.log().count("-server-cert and --") == 2, server.log()
         _handshake(server.port, renewed)
         with _grpc_client(server, renewed) as client:
@@ -291,10 +290,7 @@ def test_sighup_with_an_asgi_engine_says_its_certificates_are_read_at_start_only
 
     for server in _serve(repo, tmp_path, certs, *_tls_flags(certs, "http"), "--allow-grpc", "false", engine="uvicorn"):
         server.process.send_signal(signal.SIGHUP)
-        for _ in range(1500):
-            if "read at start only" in server.log():
-                break
-            time.sleep(0.02)
+        wait_until(lambda: "read at start only" in server.log(), "the SIGHUP answered in the log")
         assert "TLS: --http certificates are read at start only by this engine (restart to replace them)" in server.log()
         client = _http_client(server, certs)
         assert client.is_server_live()  # still serving, with the certificate it started with

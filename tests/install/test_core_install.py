@@ -19,7 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, free_port
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 #: What `pip install .` reads: the project file, the README it names, the package.
 SOURCES = ("pyproject.toml", "README.md", "server")
@@ -90,7 +91,7 @@ def test_the_core_alone_serves_a_numpy_model(core_venv: Path, tmp_path: Path) ->
             return False
 
     try:
-        wait_until(ready, "the core venv's server ready", polls=1200, every=0.05)
+        wait_until(ready, "the core venv's server ready", timeout=START_TIMEOUT_S, every=0.05)
         http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         x = httpclient.InferInput("INPUT0", [1, 1], "INT64")
         x.set_data_from_numpy(np.array([[41]], dtype=np.int64))

@@ -9,7 +9,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +24,8 @@ import tritonclient.http as httpclient  # noqa: E402
 import tritonclient.http.aio as aiohttpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tests.conftest import ROOT, RepoBuilder, RunningServer, free_port, start_server, wait_until  # noqa: E402
+from tests.conftest import ROOT, RepoBuilder, RunningServer, free_port, start_server  # noqa: E402
+from tests.waiting import wait_until
 from tests.e2e.test_generate import GATE_CONFIG, GATE_MODEL, SSE, events_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,7 +77,7 @@ def ray_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runni
     server = start_server(
         root, "--ray-replicas", "2", "--ray-replica-cpus", "0.5", "--model-control-mode", "explicit",
         "--load-model", "identity", "gate", "--metrics-port", str(METRICS_PORT),
-        log_dir=tmp_path_factory.mktemp("ray-logs"), timeout=180,
+        log_dir=tmp_path_factory.mktemp("ray-logs"),
     )
     yield server, root
     server.stop(timeout=60)
@@ -106,17 +106,18 @@ def stats(server: RunningServer, model: str) -> dict[str, Any]:
 def settled_stats(server: RunningServer, model: str) -> dict[str, Any]:
     """The summed statistics once every replica's last report is in (two reads a report
     period apart agree)."""
-    previous: list[dict[str, Any]] = [stats(server, model)]
+    previous: list[dict[str, Any] | None] = [None]
 
     def settled() -> bool:
-        time.sleep(0.6)  # a report period: the other replica's next report
         now = stats(server, model)
-        same = (now["inference_count"], now["inference_stats"]["success"]["count"]) == (
+        same = previous[0] is not None and (now["inference_count"], now["inference_stats"]["success"]["count"]) == (
             previous[0]["inference_count"], previous[0]["inference_stats"]["success"]["count"])
         previous[0] = now
         return same
 
-    wait_until(settled, "the replicas' statistics settle", polls=100, every=0)
+    # polled a report period apart: each read after the first sees the other replica's next report
+    wait_until(settled, "the replicas' statistics settle", every=0.6)
+    assert previous[0] is not None
     return previous[0]
 
 
@@ -173,7 +174,7 @@ def test_requests_are_batched_inside_a_replica_and_statistics_sum_the_replicas(
         return int(count.rsplit(" ", 1)[1])
 
     wait_until(lambda: metrics_count() == int(settled_stats(server, "identity")["inference_count"]),
-               "the summed metrics count what the summed statistics count", polls=60, every=0.5)
+               "the summed metrics count what the summed statistics count", timeout=30, every=0.5)
 
 
 def test_generate_and_generate_stream_through_the_ray_proxy(ray_server: tuple[RunningServer, Path]) -> None:
@@ -266,19 +267,19 @@ def test_a_killed_replica_is_replaced_and_retried_requests_are_all_answered(
     killer = subprocess.run([sys.executable, "-c", KILL_ONE_REPLICA], capture_output=True, text=True, timeout=120)
     assert killer.returncode == 0, killer.stdout[-2000:] + killer.stderr[-2000:]
     client = httpclient.InferenceServerClient(server.url)
-    answered = 0
+
+    def answered(data: np.ndarray) -> bool:
+        try:
+            np.testing.assert_array_equal(infer(client, "identity", data), data)
+        except (InferenceServerException, ConnectionError, OSError):
+            return False  # retried as a client does on a connection error or a 5xx
+        return True
+
     for value in range(40):
         data = np.full((1, 4), value, np.float32)
-        for _attempt in range(20):  # retried as a client does on a connection error or a 5xx
-            try:
-                np.testing.assert_array_equal(infer(client, "identity", data), data)
-                answered += 1
-                break
-            except (InferenceServerException, ConnectionError, OSError):
-                time.sleep(0.25)
-    assert answered == 40
+        wait_until(lambda: answered(data), f"request {value} answered while Ray replaces the replica", timeout=10, every=0.25)
     wait_until(lambda: len({get(server, "/v2/models/identity")[1]["nereid-replica"] for _ in range(20)}) == 2,
-               "Ray replaced the killed replica", polls=600, every=0.5)
+               "Ray replaced the killed replica", timeout=300, every=0.5)
     client.close()
 
 

@@ -106,13 +106,19 @@ class ManualClock:
         self.advance(deadline_ns - self._now_ns)
 
 
+async def next_turn() -> None:
+    """One turn of the event loop: every task ready to run takes one step (no clock time
+    passes). The only way the in-process tests let other tasks run."""
+    await asyncio.sleep(0)
+
+
 async def until(condition: Callable[[], object], *, steps: int = 1000) -> None:
     """Let the other tasks run until ``condition()`` holds; fail after ``steps`` turns of
     the loop (no clock time passes: a condition that needs some never comes true)."""
     for _ in range(steps):
         if condition():
             return
-        await asyncio.sleep(0)
+        await next_turn()
     if condition():
         return
     raise AssertionError(f"still not true after {steps} turns of the event loop: {condition}")
@@ -122,4 +128,4 @@ async def settle(steps: int = 50) -> None:
     """Let the other tasks run for ``steps`` turns of the loop: for checking that something
     does *not* happen (its cause has been given every chance to run)."""
     for _ in range(steps):
-        await asyncio.sleep(0)
+        await next_turn()

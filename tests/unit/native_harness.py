@@ -20,6 +20,8 @@ from nereid.http.h1.limits import ConnectionLimits
 from nereid.http.h1.server import NativeServer
 from nereid.http.h1.connection import Connection
 
+from tests.unit.manual_clock import next_turn
+
 __all__ = ["FakeTransport", "NativeHarness", "StubEndpoints", "get", "infer", "responses", "split_at", "stub_asgi"]
 
 
@@ -169,7 +171,7 @@ class NativeHarness:
         """Let the loop run ASGI requests, answer deferred infer requests (``release``) and
         deliver held reads, until nothing moves."""
         for _ in range(10_000):
-            await asyncio.sleep(0)
+            await next_turn()
             self._deliver()
             if self.server._tasks:
                 continue

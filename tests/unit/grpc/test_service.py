@@ -15,6 +15,7 @@ from nereid.errors import ModelNotFoundError
 from nereid.grpc.service import AbortContext, CallAborted, InferenceService
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
+from tests.unit.manual_clock import next_turn
 
 
 def service(**options: Any) -> InferenceService:
@@ -94,7 +95,7 @@ class _Stream(InferenceService):
         if request.id.startswith("missing"):
             raise ModelNotFoundError(f"Request for unknown model: '{request.model_name}' is not found")
         for _ in range(int(request.id.split("-")[1])):
-            await asyncio.sleep(0)
+            await next_turn()
         return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
 
 

@@ -26,6 +26,7 @@ from nereid.grpc.h2.connection import (
     PingPolicy,
     Status,
 )
+from tests.unit.manual_clock import next_turn
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -341,12 +342,12 @@ def test_a_streaming_writer_waits_past_the_high_water_mark_until_the_client_read
     async def main() -> None:
         client.server.send_message(stream, b"x" * (STREAM_HIGH_WATER + 100_000))
         waiting = asyncio.ensure_future(client.server.writable(stream))
-        await asyncio.sleep(0)
+        await next_turn()
         assert not waiting.done()
         for _ in range(200):
             client.pump()
             client.responses(stream_id)  # reads and acknowledges
-            await asyncio.sleep(0)
+            await next_turn()
             if waiting.done():
                 break
         assert waiting.done()

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from nereid.http.h1.connection import Connection
 
-from .native_harness import FakeTransport, NativeHarness, get, infer, responses
+from tests.unit.native_harness import FakeTransport, NativeHarness, get, infer, responses
 
 
 def _on_a_loop(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from nereid.instances.model_errors import ModelBaseException, as_exception, cancelled_by_loop, model_exception
+from tests.unit.manual_clock import next_turn
 
 
 def test_a_base_exception_is_carried_as_an_exception_named_like_it() -> None:
@@ -50,7 +51,7 @@ def test_the_loop_cancelling_the_task_goes_on_up() -> None:
                 raise
 
         task = asyncio.create_task(model_code())
-        await asyncio.sleep(0)
+        await next_turn()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

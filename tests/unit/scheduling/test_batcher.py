@@ -19,7 +19,7 @@ from nereid.scheduling.clock import SYSTEM_CLOCK
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
 from nereid.stats import ModelStats
-from tests.unit.manual_clock import ManualClock, settle, until
+from tests.unit.manual_clock import ManualClock, settle, until, next_turn
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class FakeInstance:
         self.batches.append(list(items))
         if self.gate is not None:
             await self.gate.wait()
-        await asyncio.sleep(0)
+        await next_turn()
         if self.poison is not None and self.poison in items:
             return Outcome(None, ModelExecutionError(f"model raised on {self.poison}"))
         return Outcome([item * 2 for item in items], None)
@@ -359,7 +359,7 @@ class FakeStreamingInstance:
         for step in range(1, max(items) + 1):
             self.steps_run += 1
             sink([item * step for item in items], [item <= step for item in items])
-            await asyncio.sleep(0)
+            await next_turn()
             if abandoned():
                 break
         return Outcome([], None)

@@ -19,7 +19,7 @@ from nereid.grpc.h2.frames import PREFACE, ErrorCode, FrameType, literal
 from nereid.grpc.h2.limits import TransportLimits
 from nereid.grpc.h2.connection import ConnectionState, GrpcConnection, GrpcStream, Status
 from nereid.network.request_budget import RequestBudget
-from tests.unit.test_grpc_connection import PATH, Client, FakeTransport, RecordingCalls, answer_with, grpc_message
+from tests.unit.grpc.h2.test_connection import PATH, Client, FakeTransport, RecordingCalls, answer_with, grpc_message
 
 HEAD = b"\x83\x86" + literal(b":path", PATH.encode()) + literal(b":authority", b"x")  # POST, http, path
 

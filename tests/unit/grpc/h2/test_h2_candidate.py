@@ -21,8 +21,9 @@ from tritonclient.grpc import service_pb2
 import nereid.grpc.native
 from nereid.grpc.native import NativeGrpcServer
 from nereid.options import ServerOptions
+from tests.unit.manual_clock import next_turn
 
-_CANDIDATE = Path(__file__).resolve().parents[2] / "perf" / "h2_grpc_connection.py"
+_CANDIDATE = Path(__file__).resolve().parents[4] / "perf" / "h2_grpc_connection.py"
 _SERVICE = "/inference.GRPCInferenceService"
 #: larger than h2's default window (65,535) and frame (16,384): the answer waits for WINDOW_UPDATEs
 _ANSWER_SIZE = 200_000
@@ -118,7 +119,7 @@ async def _exchange(monkeypatch: pytest.MonkeyPatch) -> None:
             outgoing = client.data_to_send()
             if outgoing:
                 connection.data_received(outgoing)
-            await asyncio.sleep(0)
+            await next_turn()
             incoming, transport.written = bytes(transport.written), bytearray()
             for event in client.receive_data(incoming) if incoming else ():
                 if isinstance(event, h2.events.DataReceived):
