@@ -280,7 +280,7 @@ class Nereid(Server):
             "--http-port", str(self.port),
             "--metrics-port", str(self.metrics_port),
         ]
-        if not self.cmd:  # this checkout (another build, from before gRPC, may not know the flag)
+        if not self.cmd or self.args.protocol == "grpc":  # a build from before gRPC may not know the flag
             cmd += ["--grpc-port", str(self.grpc_port)]
         if self.args.http_server:
             cmd += ["--http-server", self.args.http_server]
@@ -724,9 +724,6 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.only_triton:
         servers.append(Nereid(work, args))
     if args.baseline_cmd or args.baseline_arg:
-        if args.protocol == "grpc" and args.baseline_cmd:
-            log("--baseline-cmd measures HTTP only (a build from before gRPC has none)")
-            return 2
         servers.append(Baseline(work, args))
     if args.triton or args.only_triton:
         servers.append(Triton(work, args))
