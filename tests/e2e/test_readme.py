@@ -495,6 +495,10 @@ def handle_console(section: Section, block: Block) -> None:
                 f"{block.where}: expected exit status {expected[0] if expected else '?'}, got {status}; output:\n{output}"
             )
             continue
+        if re.match(r"\s*(mkdir|touch|cp|mv)\b", command):
+            section.wrote_files = True  # files it makes go to the section's folder, never the checkout
+            if not (section.cwd / "model_repository").exists():  # what later commands may name
+                (section.cwd / "model_repository").symlink_to(ROOT / "model_repository")
         runnable = prepare_command(section, command)
         completed = subprocess.run(["bash", "-c", runnable], cwd=section.cwd, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, check=False, timeout=COMMAND_TIMEOUT_S,
