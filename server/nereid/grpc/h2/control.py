@@ -12,6 +12,7 @@ It builds on ``lifecycle.ConnectionLifecycle``.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -64,9 +65,9 @@ class ControlFrames(ConnectionLifecycle):
         self._ping_strikes = 0
         self._sent_at_last_ping = 0
 
+    @abc.abstractmethod
     def _reset_by_client(self, stream: GrpcStream) -> None:
-        """The client reset ``stream`` (it is still in ``streams``)."""
-        raise NotImplementedError
+        """The client reset ``stream`` (it is still in ``streams``): the call layer's."""
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:

@@ -14,6 +14,7 @@ answered within --grpc-keepalive-timeout. ``control.ControlFrames`` and
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import logging
@@ -51,7 +52,7 @@ class Keepalive:
     without_calls: bool = False
 
 
-class ConnectionLifecycle(asyncio.Protocol):
+class ConnectionLifecycle(asyncio.Protocol, metaclass=abc.ABCMeta):
     """What every layer of a connection shares: its state, streams, Calls, Sender and
     transport; and how it opens, pauses, times out and closes. ``refusal``: the
     connection is told GOAWAY with that reason as soon as it opens (a server at its
@@ -79,9 +80,9 @@ class ConnectionLifecycle(asyncio.Protocol):
         self._stalled_since: float | None = None
         self.ping_sent_at: float | None = None
 
+    @abc.abstractmethod
     def _close_stream(self, stream: GrpcStream) -> None:
-        """Our side of ``stream`` is done (its trailers are written)."""
-        raise NotImplementedError
+        """Our side of ``stream`` is done (its trailers are written): the call layer's."""
 
     @property
     def gone(self) -> bool:
