@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
@@ -33,12 +32,9 @@ from nereid.options import MODEL_CONTROL_MODES
 from nereid.triton_python.bls import BlsTarget
 from nereid.repository.scan import (
     ModelSource,
-    RepositoryScan,
+    Repositories,
     check_model_name,
-    duplicate_model_message,
     is_model_folder,
-    read_model_in,
-    scan_repositories,
 )
 from nereid.repository.watch import ChangeDetector, Changes, fingerprint_scan
 from nereid.models.serving import ServingModel, Ticket
@@ -97,11 +93,7 @@ class ModelManager:
             raise ValueError(f"model control mode: expected one of {', '.join(MODEL_CONTROL_MODES)}, got {mode!r}")
         if mode == "poll" and not poll_secs > 0:
             raise ValueError(f"--repository-poll-secs: expected a number of seconds > 0, got {poll_secs!r}")
-        paths = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
-        if not paths:
-            raise ValueError("model repository: expected at least one folder")
-        #: the repository folders, in the order given
-        self.repositories: tuple[Path, ...] = tuple(Path(path) for path in paths)
+        self.repositories = Repositories(repository)
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
@@ -117,8 +109,6 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
-        #: names in several repositories at the last scan (logged once each)
-        self._duplicates: dict[str, tuple[Path, ...]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -127,8 +117,7 @@ class ModelManager:
         mode then start watching the repository. A model that fails to load is
         UNAVAILABLE with its reason; it never stops the others or the server."""
         baseline = None
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
-        self._note_duplicates(scan)
+        scan = await asyncio.to_thread(self.repositories.scan)
         if self.mode == "poll":
             # Fingerprints taken before loading: a change made while models load is seen
             # by the first polls and acted on.
@@ -142,7 +131,7 @@ class ModelManager:
         if baseline is not None:
             self._detector = ChangeDetector(baseline)
             self._poller = asyncio.create_task(self._poll_forever(), name="nereid-repository-poll")
-            _log.info("polling %s for changes every %g s", self._folders(), self.poll_secs)
+            _log.info("polling %s for changes every %g s", self.repositories, self.poll_secs)
 
     async def aclose(self) -> None:
         """Stop polling, then unload everything (in-flight requests finish first)."""
@@ -255,7 +244,7 @@ class ModelManager:
         """The repository index: every model folder (those never loaded by name only)
         and every model the manager knows, one row per version with state and reason;
         ``ready_only`` keeps READY rows only. The folder is read off the event loop."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
+        scan = await asyncio.to_thread(self.repositories.scan, log_duplicates=False)
         return self._entries([*scan.roots, *scan.duplicates], ready_only)
 
     def states(self) -> list[IndexEntry]:
@@ -304,8 +293,7 @@ class ModelManager:
         off the event loop, and act on the changes that have held still for one poll:
         unload removed models, load new ones, reload changed ones. Returns what it acted
         on. Failures are logged and shown in the index, never raised."""
-        scan = await asyncio.to_thread(scan_repositories, self.repositories)
-        self._note_duplicates(scan)
+        scan = await asyncio.to_thread(self.repositories.scan)
         if self._detector is None:
             self._detector = ChangeDetector(await asyncio.to_thread(fingerprint_scan, scan))
             return Changes()
@@ -332,18 +320,7 @@ class ModelManager:
             try:
                 await self.poll()
             except Exception:  # a failed poll must not end polling
-                _log.exception("repository poll of %s failed", self._folders())
-
-    def _folders(self) -> str:
-        """The repository folders, for log lines."""
-        return ", ".join(str(path) for path in self.repositories)
-
-    def _note_duplicates(self, scan: RepositoryScan) -> None:
-        """Log each name newly found in several repositories (Triton logs it per poll)."""
-        for name, where in scan.duplicates.items():
-            if self._duplicates.get(name) != where:
-                _log.error("%s (it is not loaded)", duplicate_model_message(name, where))
-        self._duplicates = dict(scan.duplicates)
+                _log.exception("repository poll of %s failed", self.repositories)
 
     async def _load_logged(self, name: str, startup: bool = False) -> None:
         try:
@@ -382,7 +359,7 @@ class ModelManager:
         if self._closing:
             raise UnavailableError(f"cannot load '{name}': the server is shutting down")
         async with self._locked(name) as record:
-            source = await asyncio.to_thread(read_model_in, self.repositories, name, config)
+            source = await asyncio.to_thread(self.repositories.read_model, name, config)
             if source.config is None or source.error is not None:
                 reason = source.error or f"{source.path}: invalid config"
                 _log.error("failed to load '%s': %s", name, reason)

@@ -8,6 +8,7 @@ importing models is model_file.py's. Knows nothing about loading state or HTTP.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "VersionSource",
     "check_model_name",
     "is_model_folder",
+    "Repositories",
     "RepositoryScan",
     "duplicate_model_message",
     "list_model_names",
@@ -34,6 +36,8 @@ __all__ = [
     "read_model_in",
     "select_versions",
 ]
+
+_log = logging.getLogger("nereid")
 
 CONFIG_FILE = "config.toml"
 _MODEL_FILE = "model.py"
@@ -92,6 +96,35 @@ class RepositoryScan:
 
     roots: dict[str, Path]
     duplicates: dict[str, tuple[Path, ...]]
+
+
+class Repositories:
+    """The repository folders one server serves (``--model-repository``, repeatable), read
+    together. ``scan`` logs each name newly found in several of them (Triton logs it at
+    every poll; once is enough to say why the model went)."""
+
+    def __init__(self, folders: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> None:
+        paths = [folders] if isinstance(folders, (str, os.PathLike)) else list(folders)
+        if not paths:
+            raise ValueError("model repository: expected at least one folder")
+        #: the folders, in the order given
+        self.folders: tuple[Path, ...] = tuple(Path(path) for path in paths)
+        self._duplicates: dict[str, tuple[Path, ...]] = {}  # at the last logged scan
+
+    def __str__(self) -> str:
+        return ", ".join(str(path) for path in self.folders)
+
+    def scan(self, *, log_duplicates: bool = True) -> RepositoryScan:
+        scan = scan_repositories(self.folders)
+        if log_duplicates:
+            for name, where in scan.duplicates.items():
+                if self._duplicates.get(name) != where:
+                    _log.error("%s (it is not loaded)", duplicate_model_message(name, where))
+            self._duplicates = dict(scan.duplicates)
+        return scan
+
+    def read_model(self, name: str, config: ModelConfig | None = None) -> ModelSource:
+        return read_model_in(self.folders, name, config)
 
 
 def scan_repositories(repositories: Sequence[Path]) -> RepositoryScan:
