@@ -20,7 +20,6 @@ import asyncio
 import asyncio.base_events
 import cProfile
 import pstats
-import socket
 import subprocess
 import tempfile
 import threading
@@ -28,34 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-CONFIG = """name = "identity"
-backend = "python"
-max_batch_size = 64
-
-[[input]]
-name = "INPUT0"
-data_type = "TYPE_FP32"
-dims = [16]
-
-[[output]]
-name = "OUTPUT0"
-data_type = "TYPE_FP32"
-dims = [16]
-
-[dynamic_batching]
-max_queue_delay_microseconds = 0
-
-[[instance_group]]
-count = 1
-kind = "KIND_CPU"
-"""
-MODEL = "class Model:\n    def infer(self, inputs):\n        return {'OUTPUT0': inputs['INPUT0']}\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from bench_identity import CONFIG_TOML, MODEL_PY, free_port  # the benchmark's identity model, as it writes it
 
 
 class LoopWork:
@@ -107,10 +79,10 @@ def main() -> None:
 
     repo = Path(tempfile.mkdtemp()) / "model_repository"
     (repo / "identity" / "1").mkdir(parents=True)
-    (repo / "identity" / "config.toml").write_text(CONFIG)
-    (repo / "identity" / "1" / "model.py").write_text(MODEL)
-    http_port = _free_port()
-    server = nereid.Server(repo, http_port=http_port, grpc_port=_free_port(), metrics_port=0,
+    (repo / "identity" / "config.toml").write_text(CONFIG_TOML.format(queue_delay_us=0))
+    (repo / "identity" / "1" / "model.py").write_text(MODEL_PY)
+    http_port = free_port()
+    server = nereid.Server(repo, http_port=http_port, grpc_port=free_port(), metrics_port=0,
                            allow_metrics=False, allow_grpc=False, log_verbose=0)
     work = LoopWork(profile=not args.no_profile)
     loop = asyncio.new_event_loop()
