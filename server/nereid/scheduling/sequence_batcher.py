@@ -139,12 +139,10 @@ class SequenceBatcher:
         now = self._clock()
         received = now if received_ns is None else received_ns
         pending = Pending(1, None, 0, now, 0, payload, received, answer, self)
-        try:
-            self._tensors.check(payload)
-            occupant = self.sequences.admit(pending, payload.sequence, payload.rows, now)
-        except NereidError:
-            self.stats.record_failure(self._clock() - received, "REJECTED")
-            raise
+        # A refusal is not counted: Triton refuses before the request is enqueued
+        # (PrepareForInference, SequenceBatchScheduler::Enqueue) and counts nothing.
+        self._tensors.check(payload)
+        occupant = self.sequences.admit(pending, payload.sequence, payload.rows, now)
         if occupant.lane >= 0:
             self._wakes[occupant.lane].set()
         return pending

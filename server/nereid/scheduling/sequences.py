@@ -105,7 +105,7 @@ class Sequences:
         occupant.queue.append(pending)
         if flags.end:
             occupant.ended = True
-            del self._by_id[flags.id]  # a later request of this id starts a new sequence
+            self._by_id.pop(flags.id, None)  # a later request of this id starts a new sequence
         else:
             self._by_id[flags.id] = occupant
         return occupant
