@@ -385,7 +385,7 @@ class InProcessServer:
 
     def infer(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
         """Blocking: one request's outputs. Keyword arguments: version, parameters,
-        priority, timeout_us."""
+        priority, timeout_us; sequence_id, sequence_start, sequence_end for a sequence model."""
         result: dict[str, np.ndarray] = self._call(self.local.infer(model, inputs, **kwargs))
         return result
 
