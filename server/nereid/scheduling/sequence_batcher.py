@@ -78,7 +78,8 @@ class SequenceBatcher:
 
     async def __aenter__(self) -> SequenceBatcher:
         for index, instance in enumerate(self.instances):
-            self._workers.append(asyncio.create_task(self._lane(index, instance), name=f"nereid-sequences-{instance.name}"))
+            name = f"nereid-sequences-{instance.name}"
+            self._workers.append(asyncio.create_task(self._lane(index, instance), name=name))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
