@@ -104,6 +104,9 @@ class TritonPythonModel:
             word = pb_utils.get_input_tensor_by_name(request, "WORD").as_numpy()[0]
             so_far = pb_utils.get_input_tensor_by_name(request, "SO_FAR").as_numpy()[0]
             corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()[0]
+            assert request.correlation_id() == corrid.decode()  # Triton's request.correlation_id()
+            first = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            assert first == (so_far == b"")
             text = np.array([so_far + word], dtype=object)
             tagged = np.array([corrid + b":" + so_far + word], dtype=object)
             responses.append(pb_utils.InferenceResponse([
@@ -293,6 +296,7 @@ def test_a_triton_model_keeps_string_state_per_string_correlation_id(
     assert say("alice", "b") == "alice:ab"
     assert say("bob", "y") == "bob:xy"
     assert say("alice", "c", start=True) == "alice:c"  # a START begins afresh
+    assert say("bob", "z") == "bob:xyz"
 
 
 def test_the_in_process_api_takes_sequence_arguments(repo: RepoBuilder) -> None:
