@@ -51,6 +51,10 @@ dims = [1]
 initial_state = [{{ data_type = "TYPE_INT32", dims = [1], zero_data = true, name = "zero" }}]
 [[instance_group]]
 count = 2
+[[model_warmup]]
+name = "a sequence of one step"
+batch_size = 2
+inputs = {{ INPUT = {{ data_type = "TYPE_INT32", dims = [1], zero_data = true }} }}
 """
 
 #: nereid's own model API: the state arrives as an input and leaves as an output.

@@ -9,6 +9,7 @@ tests give it a stub ``Loader`` instead. User code never runs on the event loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import operator
 import time
@@ -97,12 +98,15 @@ class ModelLoader:
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
             assert model_class is not None
+            tensors = None
+            if config.sequence_batching is not None:
+                tensors = await asyncio.to_thread(SequenceTensors, config, source.path)
+                samples = [dataclasses.replace(sample, request=tensors.warmup(sample.request)) for sample in samples]
             await run_warmup(samples, instances, name)
             labels = await asyncio.to_thread(_load_labels, config, version.path, source.path)
             stats = ModelStats(name, version.version)
             batcher: DynamicBatcher | SequenceBatcher
-            if config.sequence_batching is not None:
-                tensors = await asyncio.to_thread(SequenceTensors, config, source.path)
+            if tensors is not None:
                 batcher = SequenceBatcher(config=config, tensors=tensors, instances=instances, stats=stats)
             else:
                 batcher = batcher_for(name, config, instances, stats)

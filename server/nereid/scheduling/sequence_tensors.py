@@ -117,6 +117,18 @@ class SequenceTensors:
             inputs[input_name] = self._shaped(value)
         return dataclasses.replace(request, inputs=inputs)
 
+    def warmup(self, request: InferRequest) -> InferRequest:
+        """A ``[[model_warmup]]`` sample as a whole sequence of one step (START and END,
+        correlation id 1), each control and state repeated for the sample's rows (Triton
+        warms a sequence model up through its backend, with no scheduler to fill them)."""
+        corrid = "1" if self._corrid is not None and self._corrid[1].is_bytes else 1
+        stepped = self.step(dataclasses.replace(request, sequence=SequenceFlags(corrid, True, True)), None)
+        if not self._batched or request.rows == 1:
+            return stepped
+        inputs = {name: array if name in request.inputs else np.repeat(array, request.rows, axis=0)
+                  for name, array in stepped.inputs.items()}
+        return dataclasses.replace(stepped, inputs=inputs)
+
     def _control_value(self, control: SequenceControl, dt: DataType, flags: SequenceFlags) -> np.ndarray:
         if control.kind == CORRID:
             value: Any = flags.id.encode() if isinstance(flags.id, str) else flags.id
