@@ -6,6 +6,7 @@ see only its own state, in order. Refusals carry Triton's status and message."""
 from __future__ import annotations
 
 import queue
+import subprocess
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -313,3 +314,30 @@ def test_the_in_process_api_takes_sequence_arguments(repo: RepoBuilder) -> None:
         assert list(second) == ["OUTPUT"]
         with pytest.raises(nereid.InvalidInputError, match="must specify a non-zero or non-empty correlation ID"):
             server.infer("acc", {"INPUT": np.array([[1]], dtype=np.int32)})
+
+
+@pytest.mark.perf
+@pytest.mark.parametrize("protocol", [["-i", "http"], ["-i", "grpc", "--streaming"]], ids=["http", "grpc-stream"])
+def test_perf_analyzer_drives_a_sequence_model(
+    repo: RepoBuilder, serve: Callable[..., RunningServer], protocol: list[str]
+) -> None:
+    """Stock perf_analyzer sees sequence_batching in the config and sends sequences (ids,
+    START and END) by itself; a smoke run, not a measurement."""
+    from tests.e2e.test_perf_analyzer import PERF_ANALYZER, perf_analyzer_missing
+
+    missing = perf_analyzer_missing()
+    if missing is not None:
+        pytest.fail(f"perf_analyzer is not installed (make perf-analyzer): {missing}")
+    server = _serve_acc(repo, serve)
+    url = server.url if protocol[1] == "http" else server.grpc_url
+    result = subprocess.run(
+        [str(PERF_ANALYZER), "-m", "acc", "-u", url, *protocol, "--concurrency-range", "4", "--sequence-length", "5",
+         "-p", "1000", "--stability-percentage", "100", "--max-trials", "5"],
+        check=False, capture_output=True, text=True, timeout=100,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "error" not in output.lower(), output
+    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("acc")["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] == 0
+    assert stats["inference_stats"]["success"]["count"] > 0
