@@ -164,6 +164,11 @@ class SequenceBatcher:
                 continue
             try:
                 await self._run(index, instance, batch)
+            except asyncio.CancelledError:  # aclose gave up on it: its requests get an answer
+                for occupant in batch:
+                    self._answers.fail(occupant.queue[0], UnavailableError(
+                        f"model '{self.model_name}' was unloaded while this request ran in it"))
+                raise
             finally:
                 self.sequences.done(index, batch)
                 self._after_batch()

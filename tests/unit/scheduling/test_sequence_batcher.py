@@ -14,7 +14,7 @@ import pytest
 
 from nereid.config import parse_model_config
 from nereid.config.schema import ModelConfig
-from nereid.errors import InvalidInputError, NereidError
+from nereid.errors import InvalidInputError, ModelExecutionError, NereidError
 from nereid.inference import InferRequest, SequenceFlags
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors
@@ -62,6 +62,7 @@ class Accumulator:
     queues_batches: bool = False
     batches: list[list[tuple[int, int, float, bool]]] = field(default_factory=list)
     gate: asyncio.Event | None = None
+    fail_on: int | None = None  # an INPUT value that fails the batch
 
     @property
     def cost_function(self) -> None:
@@ -73,6 +74,8 @@ class Accumulator:
         if self.gate is not None:
             await self.gate.wait()
         await next_turn()
+        if any(int(r.inputs["INPUT"][0, 0]) == self.fail_on for r in requests):
+            return Outcome(None, ModelExecutionError("the model raised"))
         outputs = []
         for request in requests:
             total = request.inputs["STATE_IN"] + request.inputs["INPUT"]
@@ -205,5 +208,34 @@ def test_closing_runs_what_was_accepted() -> None:
         instance.gate.set()
         assert await closing
         assert [int(a.result()["OUTPUT"][0, 0]) for a in answers] == [1, 3]
+
+    run(scenario())
+
+
+def test_closing_with_a_drain_timeout_fails_what_is_still_running() -> None:
+    async def scenario() -> None:
+        instance = Accumulator(gate=asyncio.Event())  # never opened: the batch hangs in the model
+        batcher = make([instance], ManualClock())
+        await batcher.__aenter__()
+        running = asyncio.ensure_future(batcher.infer(request(1, 1, start=True)))
+        queued = asyncio.ensure_future(batcher.infer(request(2, 1)))
+        await until(lambda: instance.batches)
+        assert not await batcher.aclose(drain_timeout=0)
+        for answer in (running, queued):
+            with pytest.raises(NereidError, match="model 'acc' was unloaded"):
+                await answer
+
+    run(scenario())
+
+
+def test_a_failed_step_fails_its_request_and_the_sequence_goes_on_from_its_last_state() -> None:
+    async def scenario() -> None:
+        async with make([Accumulator(fail_on=13)], ManualClock()) as batcher:
+            await batcher.infer(request(1, 7, start=True))
+            with pytest.raises(ModelExecutionError, match="the model raised"):
+                await batcher.infer(request(13, 7))
+            after = await batcher.infer(request(2, 7, end=True))
+        assert int(after["OUTPUT"][0, 0]) == 3
+        assert batcher.stats.failures_by_reason["BACKEND"] == 1
 
     run(scenario())
