@@ -120,9 +120,14 @@ class TritonPythonModel:
 """
 
 
-def _serve_acc(repo: RepoBuilder, serve: Callable[..., RunningServer], strategy: str = "direct = {}") -> RunningServer:
+#: Both gRPC engines: nereid's own transport and grpcio's server.
+GRPC_ENGINES = ["native", "grpcio"]
+
+
+def _serve_acc(repo: RepoBuilder, serve: Callable[..., RunningServer], strategy: str = "direct = {}",
+               *args: str) -> RunningServer:
     repo.add("acc", ACCUMULATOR.format(strategy=strategy), ACCUMULATOR_MODEL)
-    return serve(repo.root)
+    return serve(repo.root, *args)
 
 
 def _http_input(value: int, binary: bool = True) -> list[httpclient.InferInput]:
@@ -187,10 +192,12 @@ def test_interleaved_http_sequences_from_several_threads_each_keep_their_own_sta
     assert stats["inference_stats"]["success"]["count"] == 36
 
 
+@pytest.mark.parametrize("engine", GRPC_ENGINES)
 def test_interleaved_grpc_sequences_with_the_oldest_strategy(
-    repo: RepoBuilder, serve: Callable[..., RunningServer]
+    repo: RepoBuilder, serve: Callable[..., RunningServer], engine: str
 ) -> None:
-    server = _serve_acc(repo, serve, "oldest = { max_candidate_sequences = 4, max_queue_delay_microseconds = 1000 }")
+    server = _serve_acc(repo, serve, "oldest = { max_candidate_sequences = 4, max_queue_delay_microseconds = 1000 }",
+                        "--grpc-server", engine)
     steps = 5
 
     def sequence(index: int) -> list[int]:
@@ -206,10 +213,11 @@ def test_interleaved_grpc_sequences_with_the_oldest_strategy(
     assert _run_threads(10, sequence) == {index: _expected(index, steps) for index in range(10)}
 
 
+@pytest.mark.parametrize("engine", GRPC_ENGINES)
 def test_grpc_streaming_carries_several_sequences_on_one_stream(
-    repo: RepoBuilder, serve: Callable[..., RunningServer]
+    repo: RepoBuilder, serve: Callable[..., RunningServer], engine: str
 ) -> None:
-    server = _serve_acc(repo, serve)
+    server = _serve_acc(repo, serve, "direct = {}", "--grpc-server", engine)
     answers: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put(error or result))
