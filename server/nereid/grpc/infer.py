@@ -245,9 +245,15 @@ def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterVa
         elif key == "timeout":
             timeout_us = int(value)
         elif key == "sequence_id":
-            # int64_param or string_param (Triton's string correlation ids)
-            sequence["id"] = value if isinstance(value, str) else int(value)
+            kind = parameter.WhichOneof("parameter_choice")
+            if kind not in ("int64_param", "string_param"):
+                raise InvalidInputError(
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+            # an int64 is Triton's uint64 correlation id, bit for bit
+            sequence["id"] = value if isinstance(value, str) else int(value) % (1 << 64)
         elif key == "sequence_start" or key == "sequence_end":
+            if parameter.WhichOneof("parameter_choice") != "bool_param":
+                raise InvalidInputError(f"invalid value type for '{key}' parameter, expected bool_param.")
             sequence[key[len("sequence_"):]] = bool(value)
         elif key == "binary_data_output":
             continue

@@ -176,6 +176,19 @@ def test_sequence_parameters_as_tritonclient_sends_them(tables: ModelTables) -> 
     assert decode(message, tables).sequence == SequenceFlags("session-a", True, False)
 
 
+def test_sequence_parameters_of_the_wrong_type_are_refused_with_tritons_message(tables: ModelTables) -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].bool_param = True
+    with pytest.raises(InvalidInputError) as caught:
+        decode(message, tables)
+    assert caught.value.message == "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
+    message = raw_request()
+    message.parameters["sequence_end"].int64_param = 1
+    with pytest.raises(InvalidInputError) as caught:
+        decode(message, tables)
+    assert caught.value.message == "invalid value type for 'sequence_end' parameter, expected bool_param."
+
+
 def test_parameters_reserved_for_triton_are_refused(tables: ModelTables) -> None:
     message = raw_request()
     message.parameters["triton_anything"].bool_param = True
