@@ -79,7 +79,7 @@ REPO_FORMAT = "toml"
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
     "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_generate.py",
-    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_shared_memory.py",
+    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
 
@@ -90,7 +90,7 @@ ISOLATION_SENSITIVE = frozenset({
 #: (isolation, input_tensors, max_concurrent_batches, warmup), which pbtxt carries as parameters.
 CONFIG_FORMAT_SENSITIVE = frozenset({
     "test_batching_http.py", "test_device_tensors.py", "test_endpoints.py", "test_generate.py",
-    "test_model_control.py", "test_process_features.py", "test_process_instances.py",
+    "test_model_control.py", "test_process_features.py", "test_process_instances.py", "test_sequences.py",
     "test_several_repositories.py", "test_triton_models.py", "test_unavailable_reasons.py",
 })
 

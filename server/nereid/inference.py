@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "FINISHED"]
+__all__ = ["InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "SequenceFlags", "FINISHED"]
 
 #: The key a decoupled (streaming) model may add to a yielded output dict: a bool per row
 #: of the batch; a request whose rows are all True gets this step as its last response.
@@ -31,6 +31,17 @@ class RequestedOutput:
     shm_region: str | None = None
     shm_byte_size: int = 0
     shm_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFlags:
+    """A request's sequence parameters (``sequence_id``, ``sequence_start``,
+    ``sequence_end``): the correlation id (0 or "": none given) and the two flags. Only
+    a model with sequence_batching reads them (scheduling/sequences.py)."""
+
+    id: int | str = 0
+    start: bool = False
+    end: bool = False
 
 
 @dataclass(slots=True)
@@ -54,6 +65,8 @@ class InferRequest:
     #: per-request queue timeout in microseconds (only honoured with allow_timeout_override).
     timeout_us: int | None = None
     binary_data_output: bool = False
+    #: the sequence parameters, when the request gave any.
+    sequence: SequenceFlags | None = None
 
 
 @dataclass(slots=True)  # not frozen: one is made per answered request, and a frozen init costs twice

@@ -23,7 +23,7 @@ import numpy as np
 from nereid.config.schema import ModelConfig, ModelInput
 from nereid.datatypes import DataType
 from nereid.errors import InvalidInputError, NereidError, UnsupportedError
-from nereid.inference import InferRequest, ParameterValue
+from nereid.inference import InferRequest, ParameterValue, SequenceFlags
 from nereid.models.manager import IndexEntry, ModelManager
 from nereid.models.serving import ServingModel
 from nereid.options import ServerOptions, repository_paths
@@ -40,12 +40,18 @@ class RequestOptions(TypedDict, total=False):
     parameters: Mapping[str, ParameterValue] | None
     priority: int
     timeout_us: int | None
+    #: sequence batching: the correlation id and the START / END flags (as tritonclient's
+    #: ``sequence_id``, ``sequence_start``, ``sequence_end``).
+    sequence_id: int | str
+    sequence_start: bool
+    sequence_end: bool
 
 
 class LocalEndpoint:
     """Async in-process inference over a ModelManager (Triton's in-process API, Ray's
     handle). Inputs are checked against the model config like HTTP requests are.
-    Options (``RequestOptions``): ``version``, ``parameters``, ``priority``, ``timeout_us``."""
+    Options (``RequestOptions``): ``version``, ``parameters``, ``priority``, ``timeout_us``,
+    and for a sequence model ``sequence_id``, ``sequence_start``, ``sequence_end``."""
 
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
@@ -78,6 +84,10 @@ class LocalEndpoint:
             serving.config, model, inputs, options.get("parameters"), options.get("priority", 0),
             options.get("timeout_us"),
         )
+        if "sequence_id" in options or "sequence_start" in options or "sequence_end" in options:
+            request.sequence = SequenceFlags(
+                options.get("sequence_id", 0), options.get("sequence_start", False), options.get("sequence_end", False)
+            )
         return serving, request
 
 
@@ -375,7 +385,7 @@ class InProcessServer:
 
     def infer(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
         """Blocking: one request's outputs. Keyword arguments: version, parameters,
-        priority, timeout_us."""
+        priority, timeout_us; sequence_id, sequence_start, sequence_end for a sequence model."""
         result: dict[str, np.ndarray] = self._call(self.local.infer(model, inputs, **kwargs))
         return result
 

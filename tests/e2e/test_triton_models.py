@@ -36,7 +36,8 @@ def examples_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
 @pytest.mark.parametrize(
     "client",
     ["add_sub/client.py", "decoupled/square_client.py", "decoupled/repeat_client.py", "bls/sync_client.py",
-     "auto_complete/client.py"],
+     "auto_complete/client.py", "sequence/simple_http_sequence_sync_infer_client.py",
+     "sequence/simple_grpc_sequence_sync_infer_client.py", "sequence/simple_grpc_sequence_stream_infer_client.py"],
 )
 def test_tritons_example_clients_pass_against_nereid(examples_server: RunningServer, client: str) -> None:
     """Each client script runs unchanged; only its hard-coded localhost:8000/8001 is pointed
@@ -49,6 +50,19 @@ def test_tritons_example_clients_pass_against_nereid(examples_server: RunningSer
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS" in result.stdout
+
+
+def test_tritons_aio_sequence_stream_client_passes_against_nereid(examples_server: RunningServer) -> None:
+    """The asyncio gRPC client takes its server from ``-u`` (run_client.py patches only the
+    sync clients)."""
+    result = subprocess.run(
+        [sys.executable, str(RUN_CLIENT), str(examples_server.port), str(examples_server.grpc_port),
+         str(TRITON_EXAMPLES / "clients" / "sequence" / "simple_grpc_aio_sequence_stream_infer_client.py"),
+         "-u", f"127.0.0.1:{examples_server.grpc_port}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "PASS: grpc aio sequence stream" in result.stdout
 
 
 def test_the_examples_config_and_metadata_are_tritons(examples_server: RunningServer) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nereid.config._rules import check_rules
 from nereid.config._walk import Table
+from nereid.config.sequence_batching import SEQUENCE_BATCHING_KEYS, check_sequence_batching, parse_sequence_batching
 from nereid.config.schema import (
     DynamicBatching,
     InstanceGroup,
@@ -40,7 +41,7 @@ __all__ = ["load_model_config", "parse_model_config", "config_from_triton_json"]
 
 _TOP_KEYS = (
     "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
-    "output", "dynamic_batching", "instance_group", "default_model_filename", "parameters",
+    "output", "dynamic_batching", "sequence_batching", "instance_group", "default_model_filename", "parameters",
     "model_transaction_policy", "model_warmup", "execution_timeout_ms", "input_tensors",
 )  # fmt: skip
 _VERSION_POLICY_KEYS = ("latest", "all", "specific")
@@ -110,6 +111,7 @@ def _parse(
         root.fail("backend", '"python" (the only backend nereid serves)', backend)
     dynamic_batching = root.table("dynamic_batching", _DYNAMIC_BATCHING_KEYS)
     policy = root.table("model_transaction_policy", ("decoupled",))
+    sequence_batching = root.table("sequence_batching", SEQUENCE_BATCHING_KEYS)
     config = ModelConfig(
         name=name,
         platform=root.string("platform", ""),
@@ -120,6 +122,8 @@ def _parse(
         input=tuple(_input(t) for t in root.tables("input", _INPUT_KEYS)),
         output=tuple(_output(t) for t in root.tables("output", _OUTPUT_KEYS)),
         dynamic_batching=None if dynamic_batching is None else _dynamic(dynamic_batching),
+        sequence_batching=None if sequence_batching is None else parse_sequence_batching(
+            sequence_batching, root.integer("max_batch_size", 0, minimum=0)),
         instance_group=_instance_groups(root, name),
         default_model_filename=root.string("default_model_filename", "model.py"),
         parameters=_parameters(root.table("parameters", None)),
@@ -132,6 +136,7 @@ def _parse(
         input_tensors=_input_tensors(root),
     )
     check_rules(config, source=source, folder_name=folder_name)
+    check_sequence_batching(config, source)
     return config
 
 

@@ -22,6 +22,12 @@ __all__ = [
     "ModelTransactionPolicy",
     "WarmupInput",
     "ModelWarmup",
+    "SequenceBatching",
+    "SequenceControl",
+    "SequenceControlInput",
+    "SequenceInitialState",
+    "SequenceState",
+    "SequenceStrategy",
 ]
 
 
@@ -136,6 +142,82 @@ class ModelWarmup:
     count: int = 1
 
 
+# -- sequence_batching (Triton's ModelSequenceBatching) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceControl:
+    """One ``control`` of a control input: what the sequence batcher writes into it.
+    ``kind`` is ``CONTROL_SEQUENCE_START``, ``_END``, ``_READY`` or ``_CORRID``; a boolean
+    kind gives exactly one of the three ``*_false_true`` pairs, CORRID a ``data_type``."""
+
+    kind: str = "CONTROL_SEQUENCE_START"
+    int32_false_true: tuple[int, ...] = ()
+    fp32_false_true: tuple[float, ...] = ()
+    bool_false_true: tuple[bool, ...] = ()
+    data_type: DataType | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceControlInput:
+    """One ``control_input``: a model input the server fills (the client never sends it)."""
+
+    name: str
+    control: tuple[SequenceControl, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceInitialState:
+    """A state's value on a sequence's START: zeros, or the raw bytes of ``data_file``
+    (in the model version's ``initial_state`` folder)."""
+
+    data_type: DataType
+    dims: tuple[int, ...]
+    zero_data: bool = False
+    data_file: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceState:
+    """One implicit ``state``: the server feeds ``input_name`` at every step of a
+    sequence and keeps the model's ``output_name`` for the next one."""
+
+    input_name: str
+    output_name: str
+    data_type: DataType
+    dims: tuple[int, ...]
+    initial_state: tuple[SequenceInitialState, ...] = ()
+    use_same_buffer_for_input_output: bool = False
+    use_growable_memory: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceStrategy:
+    """``direct`` or ``oldest`` (Triton's oneof strategy_choice), with both messages'
+    fields: direct uses the delay and ``minimum_slot_utilization``, oldest the rest."""
+
+    kind: str = "direct"  # "direct" | "oldest"
+    max_queue_delay_microseconds: int = 0
+    minimum_slot_utilization: float = 0.0
+    max_candidate_sequences: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+    preserve_ordering: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceBatching:
+    """``[sequence_batching]``: its presence makes the model stateful (scheduling/sequences.py).
+    ``strategy`` None: neither direct nor oldest given (Triton then runs direct)."""
+
+    strategy: SequenceStrategy | None = None
+    #: Triton's default (0 in the file means 1 s).
+    max_sequence_idle_microseconds: int = 1_000_000
+    control_input: tuple[SequenceControlInput, ...] = ()
+    state: tuple[SequenceState, ...] = ()
+    iterative_sequence: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A whole model config, validated. Defaults are Triton's."""
@@ -149,6 +231,7 @@ class ModelConfig:
     input: tuple[ModelInput, ...] = ()
     output: tuple[ModelOutput, ...] = ()
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
     instance_group: tuple[InstanceGroup, ...] = ()
     default_model_filename: str = "model.py"
     parameters: Mapping[str, str] = field(default_factory=dict)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 
 from nereid.config._walk import key_path, render
+from nereid.config.sequence_batching import render_sequence_batching
 from nereid.config.schema import (
     DynamicBatching,
     InstanceGroup,
@@ -95,7 +96,7 @@ _UNUSED_GROUP = {
     "host_policy": "",
     "rate_limiter": {"resources": [], "priority": 0},
 }
-_UNSUPPORTED = ("sequence_batching", "ensemble_scheduling")
+_UNSUPPORTED = ("ensemble_scheduling",)
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -118,6 +119,8 @@ def to_triton_json(config: ModelConfig) -> dict[str, object]:
     }
     if config.dynamic_batching is not None:
         rendered["dynamic_batching"] = _dynamic_batching(config.dynamic_batching)
+    if config.sequence_batching is not None:
+        rendered["sequence_batching"] = render_sequence_batching(config.sequence_batching)
     rendered.update(
         {
             "instance_group": [_instance_group(group) for group in config.instance_group],

@@ -34,7 +34,7 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.inference import InferRequest, ParameterValue, RequestedOutput, SequenceFlags
 from nereid.models.admin import parse_version
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.models.serving import Ticket
@@ -159,11 +159,11 @@ def decode_request(
         rules.check_input(input_name, item, name, prefix)
         checked[input_name] = wire_inputs.to_array(item, name, prefix)
     arrays = checked if len(names) == 1 else {input_name: checked[input_name] for input_name in parsed}
-    priority, timeout_us, custom = _parameters(message.parameters)
+    priority, timeout_us, custom, sequence = _parameters(message.parameters)
     outputs = _requested_outputs(message, codec, name, prefix, resolve_shm) if message.outputs else None
     return InferRequest(
         model_name=name, inputs=arrays, rows=rows, id=message.id, model_version=version, outputs=outputs,
-        parameters=custom, priority=priority, timeout_us=timeout_us, binary_data_output=True,
+        parameters=custom, priority=priority, timeout_us=timeout_us, binary_data_output=True, sequence=sequence,
     )
 
 
@@ -232,18 +232,31 @@ def _value(parameter: Any) -> ParameterValue:
     return getattr(parameter, kind) if kind is not None else ""
 
 
-def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterValue]]:
-    """(priority, timeout in µs, custom parameters) of a request (Triton's interpreted keys)."""
+def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterValue], SequenceFlags | None]:
+    """(priority, timeout in µs, custom parameters, sequence parameters) of a request
+    (Triton's interpreted keys)."""
     priority, timeout_us = 0, None
     custom: dict[str, ParameterValue] = {}
+    sequence: dict[str, Any] = {}
     for key, parameter in parameters.items():
         value = _value(parameter)
         if key == "priority":
             priority = int(value)
         elif key == "timeout":
             timeout_us = int(value)
-        elif key in ("sequence_id", "sequence_start", "sequence_end", "binary_data_output"):
-            continue  # no sequence batcher (Triton's dynamic batcher ignores them too)
+        elif key == "sequence_id":
+            kind = parameter.WhichOneof("parameter_choice")
+            if kind not in ("int64_param", "string_param"):
+                raise InvalidInputError(
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+            # an int64 is Triton's uint64 correlation id, bit for bit
+            sequence["id"] = value if isinstance(value, str) else int(value) % (1 << 64)
+        elif key == "sequence_start" or key == "sequence_end":
+            if parameter.WhichOneof("parameter_choice") != "bool_param":
+                raise InvalidInputError(f"invalid value type for '{key}' parameter, expected bool_param.")
+            sequence[key[len("sequence_"):]] = bool(value)
+        elif key == "binary_data_output":
+            continue
         elif key == "triton_enable_empty_final_response":
             continue  # the stream's to read (clients send it on every request)
         elif key.startswith("triton_"):
@@ -252,7 +265,7 @@ def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterVa
             )
         elif key != "headers":
             custom[key] = value
-    return priority, timeout_us, custom
+    return priority, timeout_us, custom, SequenceFlags(**sequence) if sequence else None
 
 
 def _requested_outputs(

@@ -155,8 +155,8 @@ class InferMemo:
     ) -> None:
         """Remember a fully parsed request's header: planned the second time it is seen
         (a header seen once, as with a per-request id, only costs a set entry)."""
-        if not 0 < json_length <= _PLAN_MAX_HEADER:
-            return
+        if not 0 < json_length <= _PLAN_MAX_HEADER or request.sequence is not None:
+            return  # a sequence's requests differ in their flags: no repeats to plan
         key = (body[:json_length], len(body), max_json_size)
         if key in self._plans:
             return

@@ -35,7 +35,7 @@ from nereid.http.request_json import (
     parse_header_length,
     request_parameters,
 )
-from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.inference import InferRequest, ParameterValue, RequestedOutput, SequenceFlags
 from nereid.tensors.checks import check_representable
 
 __all__ = ["ParsedInfer", "ShmResolver", "parse_infer_body", "parse_infer_request"]
@@ -101,14 +101,14 @@ def parse_infer_body(
             raise MalformedRequestError("Unable to parse 'id': " + NOT_STRING)
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
         custom: dict[str, ParameterValue] = {}
-        priority, timeout_us, binary_data_output = _request_parameters(root, custom)
+        priority, timeout_us, binary_data_output, sequence = _request_parameters(root, custom)
         parsed = _parse_inputs(root, body, json_length, model_name, max_json_size, prefix, resolve_shm)
         outputs = _requested_outputs(root, spec, prefix, model_name, resolve_shm)
         arrays, rows = _checked_arrays(parsed, spec, model_name, prefix)
         request = InferRequest(
             model_name=model_name, inputs=arrays, rows=rows, id=request_id, model_version=model_version,
             outputs=outputs, parameters=custom, priority=priority, timeout_us=timeout_us,
-            binary_data_output=binary_data_output,
+            binary_data_output=binary_data_output, sequence=sequence,
         )
         return ParsedInfer(request, json_length, parsed, prefix)
     except NereidError:
@@ -131,15 +131,17 @@ def _json_root(body: bytes, json_length: int, max_json_size: int) -> dict[str, A
     return root if isinstance(root, dict) else {}  # a non-object has no members: 'inputs' is "non-existing"
 
 
-def _request_parameters(root: dict[str, Any], custom: dict[str, ParameterValue]) -> tuple[int, int | None, bool]:
-    """The request's ``parameters``: (priority, timeout_us, binary_data_output); the
-    others go into ``custom``."""
+def _request_parameters(
+    root: dict[str, Any], custom: dict[str, ParameterValue]
+) -> tuple[int, int | None, bool, SequenceFlags | None]:
+    """The request's ``parameters``: (priority, timeout_us, binary_data_output, sequence);
+    the others go into ``custom``."""
     params = root.get("parameters")
     if params is None:
-        return 0, None, False
+        return 0, None, False, None
     if type(params) is not dict:
         raise MalformedRequestError("failed to get request params.: attempt to get members for non-object")
-    return request_parameters(params, custom) if params else (0, None, False)
+    return request_parameters(params, custom) if params else (0, None, False, None)
 
 
 def _parse_inputs(

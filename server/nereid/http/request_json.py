@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from nereid.errors import InvalidInputError, MalformedRequestError
-from nereid.inference import ParameterValue
+from nereid.inference import ParameterValue, SequenceFlags
 
 __all__ = [
     "I64_LIMIT", "NOT_ARRAY", "NOT_BOOL", "NOT_STRING", "NOT_UINT", "NO_MEMBER", "U64_LIMIT",
@@ -106,12 +106,13 @@ def is_uint(value: Any) -> bool:
 
 def request_parameters(
     params: dict[str, Any], custom: dict[str, ParameterValue]
-) -> tuple[int, int | None, bool]:
-    """Triton's ParseJsonTritonParams: interpreted keys -> (priority, timeout, binary flag);
-    custom keys (str/int/bool/float) copied into ``custom``."""
+) -> tuple[int, int | None, bool, SequenceFlags | None]:
+    """Triton's ParseJsonTritonParams: interpreted keys -> (priority, timeout, binary flag,
+    sequence parameters); custom keys (str/int/bool/float) copied into ``custom``."""
     priority = 0
     timeout_us: int | None = None
     binary_data_output = False
+    sequence: dict[str, Any] = {}
     for key, value in params.items():
         if key == "binary_data_output":
             if type(value) is not bool:
@@ -126,13 +127,14 @@ def request_parameters(
                 raise MalformedRequestError("Unable to parse 'timeout': " + NOT_UINT)
             timeout_us = value
         elif key == "sequence_id":
-            # Accepted and ignored: nereid has no sequence batcher (Triton's dynamic
-            # batcher ignores it too).
+            # a uint64, or a string (Triton's string correlation ids)
             if not is_uint(value) and type(value) is not str:
                 raise MalformedRequestError("Unable to parse 'sequence_id': " + NOT_STRING)
+            sequence["id"] = value
         elif key == "sequence_start" or key == "sequence_end":
             if type(value) is not bool:
                 raise MalformedRequestError(f"Unable to parse '{key}': " + NOT_BOOL)
+            sequence[key[len("sequence_"):]] = value
         elif key.startswith("triton_"):
             raise InvalidInputError(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
@@ -144,7 +146,7 @@ def request_parameters(
                 )
             if key != "headers":  # reserved by the parameters extension: never forwarded
                 custom[key] = value
-    return priority, timeout_us, binary_data_output
+    return priority, timeout_us, binary_data_output, SequenceFlags(**sequence) if sequence else None
 
 
 def member_str(obj: dict[str, Any], key: str) -> str:

@@ -9,6 +9,7 @@ tests give it a stub ``Loader`` instead. User code never runs on the event loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import operator
 import time
@@ -17,6 +18,8 @@ from typing import Callable, Protocol, Sequence
 
 from nereid.tensors.assembly import request_cost, signature_function
 from nereid.scheduling.batcher import DynamicBatcher, Instance
+from nereid.scheduling.sequence_batcher import SequenceBatcher
+from nereid.scheduling.sequence_tensors import SequenceTensors, execution_config
 from nereid.config import to_triton_json
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
@@ -89,14 +92,24 @@ class ModelLoader:
                 )
             for index, (group, device) in enumerate(groups):
                 context = _instance_context(name, config, config_json, version, index, device)
-                await self._start_instance(instances, isolation_of(group), model_class, context, config, version)
+                # a sequence model's instances also take its control and state tensors
+                await self._start_instance(instances, isolation_of(group), model_class, context,
+                                           execution_config(config), version)
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
             assert model_class is not None
+            tensors = None
+            if config.sequence_batching is not None:
+                tensors = await asyncio.to_thread(SequenceTensors, config, source.path)
+                samples = [dataclasses.replace(sample, request=tensors.warmup(sample.request)) for sample in samples]
             await run_warmup(samples, instances, name)
             labels = await asyncio.to_thread(_load_labels, config, version.path, source.path)
             stats = ModelStats(name, version.version)
-            batcher = batcher_for(name, config, instances, stats)
+            batcher: DynamicBatcher | SequenceBatcher
+            if tensors is not None:
+                batcher = SequenceBatcher(config=config, tensors=tensors, instances=instances, stats=stats)
+            else:
+                batcher = batcher_for(name, config, instances, stats)
             await batcher.__aenter__()
         except BaseException as exc:
             for instance in instances:

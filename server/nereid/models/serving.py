@@ -16,6 +16,7 @@ from typing import Any, AsyncGenerator, Mapping
 import numpy as np
 
 from nereid.scheduling.batcher import DynamicBatcher
+from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.config.schema import ModelConfig
 from nereid.errors import ModelNotFoundError
 from nereid.inference import InferRequest
@@ -42,7 +43,7 @@ class ServingModel:
     config: ModelConfig
     config_json: dict[str, Any]
     stats: ModelStats
-    batcher: DynamicBatcher
+    batcher: DynamicBatcher | SequenceBatcher
     instances: tuple[ModelInstance | ProcessInstance, ...]
     model_class: ModelClass
     labels: Mapping[str, list[str]] = field(default_factory=dict)

@@ -134,8 +134,13 @@ class TritonModel:
         inputs = [pb_utils.Tensor(name, array) for name, array in request.inputs.items()]
         wanted = [output.name for output in request.outputs] if request.outputs is not None else []
         parameters = {key: value for key, value in request.parameters.items()}
+        sequence = request.sequence
+        flags = 0 if sequence is None else (
+            (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if sequence.start else 0)
+            | (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if sequence.end else 0))
         return pb_utils.InferenceRequest(
             model_name=request.model_name, inputs=inputs, requested_output_names=wanted, request_id=request.id,
+            correlation_id=0 if sequence is None else sequence.id, flags=flags,
             model_version=request.model_version if request.model_version is not None else -1,
             timeout=request.timeout_us or 0, parameters=parameters,
         )

@@ -196,12 +196,13 @@ def test_convert_config_of_every_kind_of_section_means_the_same_and_stays_compac
         ('name: "m"\nplatform: "tensorrt_plan"\n',
          'backend: expected "python" (nereid serves Triton Python-backend models only), got platform "tensorrt_plan"'),
         ('name: "m"\n', 'backend: expected "python" (nereid serves Triton Python-backend models only), got nothing'),
-        ('name: "m"\nbackend: "python"\nsequence_batching { }\n', "sequence_batching: not supported by nereid"),
+        ('name: "m"\nbackend: "python"\nsequence_batching { iterative_sequence: true }\n',
+         "sequence_batching.iterative_sequence: not supported by nereid"),
         ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
          'output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n', "input[0].dims"),
     ],
     ids=["parse-error", "unknown-field", "unknown-input-field", "unknown-batching-field", "enum-without-prefix",
-         "unknown-enum-value", "no-close-field", "other-backend", "other-platform", "no-backend", "sequence-batching",
+         "unknown-enum-value", "no-close-field", "other-backend", "other-platform", "no-backend", "iterative-sequence",
          "bad-dims"],
 )
 def test_bad_pbtxt_files_name_the_file_and_the_reason(tmp_path: Path, text: str, message: str) -> None:

@@ -559,9 +559,9 @@ JSON_REJECTED = [
         id="non-linear-format-io",
     ),
     pytest.param(
-        {"sequence_batching": {}},
-        "sequence_batching: not supported by nereid (dynamic_batching is its only scheduler)",
-        id="sequence-batching",
+        {"sequence_batching": {"iterative_sequence": True}},
+        "sequence_batching.iterative_sequence: not supported by nereid (set false or leave it out)",
+        id="iterative-sequence",
     ),
     pytest.param(
         {"dynamic_batching": {}, "parameters": {"max_concurrent_batches": {"string_value": "two"}}},

@@ -25,6 +25,7 @@ from nereid.errors import (
     UnsupportedError,
 )
 from nereid.grpc.infer import ModelInfer, decode_request, encode_response, status_of
+from nereid.inference import SequenceFlags
 from nereid.tensors.tables import ModelTables
 
 CONFIG = """
@@ -164,6 +165,28 @@ def test_tritons_parameters_are_read_and_the_others_passed_on(tables: ModelTable
     message.parameters["mine"].string_param = "x"
     request = decode(message, tables)
     assert (request.priority, request.timeout_us, request.parameters) == (2, 5000, {"mine": "x"})
+    assert request.sequence == SequenceFlags(7)
+
+
+def test_sequence_parameters_as_tritonclient_sends_them(tables: ModelTables) -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].string_param = "session-a"
+    message.parameters["sequence_start"].bool_param = True
+    message.parameters["sequence_end"].bool_param = False
+    assert decode(message, tables).sequence == SequenceFlags("session-a", True, False)
+
+
+def test_sequence_parameters_of_the_wrong_type_are_refused_with_tritons_message(tables: ModelTables) -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].bool_param = True
+    with pytest.raises(InvalidInputError) as caught:
+        decode(message, tables)
+    assert caught.value.message == "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
+    message = raw_request()
+    message.parameters["sequence_end"].int64_param = 1
+    with pytest.raises(InvalidInputError) as caught:
+        decode(message, tables)
+    assert caught.value.message == "invalid value type for 'sequence_end' parameter, expected bool_param."
 
 
 def test_parameters_reserved_for_triton_are_refused(tables: ModelTables) -> None:

@@ -76,6 +76,8 @@ def client_body(
     timeout: int | None = None,
     parameters: dict[str, Any] | None = None,
     sequence_id: int | str = 0,
+    sequence_start: bool = False,
+    sequence_end: bool = False,
 ) -> tuple[bytes, str | None]:
     """The body and Inference-Header-Content-Length tritonclient sends (None: header absent)."""
     body, json_size = _get_inference_request(
@@ -83,8 +85,8 @@ def client_body(
         request_id=request_id,
         outputs=outputs,
         sequence_id=sequence_id,
-        sequence_start=False,
-        sequence_end=False,
+        sequence_start=sequence_start,
+        sequence_end=sequence_end,
         priority=priority,
         timeout=timeout,
         custom_parameters=parameters,

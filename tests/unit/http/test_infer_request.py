@@ -16,6 +16,7 @@ from nereid.config.schema import ModelConfig
 from nereid.datatypes import DATATYPES
 from nereid.errors import InvalidInputError, MalformedRequestError, NereidError
 from nereid.http import infer_request
+from nereid.inference import SequenceFlags
 from tritonclient.http import InferRequestedOutput  # type: ignore[import-untyped]
 
 from tests.unit.http.infer_bodies import (
@@ -493,3 +494,19 @@ def test_shared_memory_bytes_input_is_split_into_elements() -> None:
     }
     request = parse_json(doc, M_BYTES, resolve_shm=lambda name, offset, size: memoryview(region))
     assert request.inputs["S"].tolist() == [b"hi", b"!"]
+
+
+@pytest.mark.parametrize("sequence_id", [7, 2**64 - 1, "session-a"], ids=["int", "uint64-max", "string"])
+def test_tritonclients_sequence_parameters_reach_the_request(sequence_id: int | str) -> None:
+    cfg = config(inputs=(("X", "INT32", (1,)),), outputs=(("Y", "INT32", (1,)),), max_batch_size=0)
+    body, header = client_body([client_input("X", np.array([1], dtype=np.int32), "INT32", binary=True)],
+                               sequence_id=sequence_id, sequence_start=True, sequence_end=True)
+    request = parse(body, header, cfg)
+    assert request.sequence == SequenceFlags(sequence_id, True, True)
+    assert request.parameters == {}
+
+
+def test_a_request_without_sequence_parameters_has_none() -> None:
+    cfg = config(inputs=(("X", "INT32", (1,)),), outputs=(("Y", "INT32", (1,)),), max_batch_size=0)
+    body, header = client_body([client_input("X", np.array([1], dtype=np.int32), "INT32", binary=True)])
+    assert parse(body, header, cfg).sequence is None

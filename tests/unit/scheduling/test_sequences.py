@@ -1,0 +1,192 @@
+"""Sequences (slot bookkeeping) through its methods: admission and Triton's refusals,
+slots and the backlog, batch formation per strategy, idle release. Pure: time is a
+number the test passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from nereid.config.schema import SequenceStrategy
+from nereid.errors import InvalidInputError
+from nereid.inference import SequenceFlags
+from nereid.scheduling.pending import Pending
+from nereid.scheduling.sequences import Sequences
+
+US = 1000
+
+
+class _NoBatcher:
+    def withdraw(self, pending: Pending) -> None:
+        raise AssertionError("not used here")
+
+
+def pending(name: str, now: int = 0) -> Pending:
+    return Pending(1, None, 0, now, 0, name, now, None, _NoBatcher())  # type: ignore[arg-type]
+
+
+def make(lanes: int = 1, slots: int = 2, max_batch_size: int = 2, strategy: SequenceStrategy | None = None,
+         idle_us: int = 1_000_000) -> Sequences:
+    return Sequences("m", lanes, slots, max_batch_size, strategy, idle_us)
+
+
+def admit(sequences: Sequences, name: str, id_: int | str, *, start: bool = False, end: bool = False,
+          now: int = 0) -> None:
+    sequences.admit(pending(name, now), SequenceFlags(id_, start, end), 1, now)
+
+
+def names(batch: list) -> list[str]:
+    return [occupant.queue[0].request for occupant in batch]
+
+
+def test_a_request_without_a_correlation_id_is_refused_with_tritons_message() -> None:
+    with pytest.raises(InvalidInputError) as raised:
+        make().admit(pending("a"), None, 1, 0)
+    assert raised.value.message == (
+        "inference request to model 'm' must specify a non-zero or non-empty correlation ID")
+
+
+@pytest.mark.parametrize("empty", [0, ""], ids=["zero", "empty-string"])
+def test_a_zero_or_empty_correlation_id_is_refused(empty: int | str) -> None:
+    with pytest.raises(InvalidInputError, match="must specify a non-zero or non-empty correlation ID"):
+        admit(make(), "a", empty, start=True)
+
+
+def test_an_unknown_sequence_without_start_is_refused_with_tritons_message() -> None:
+    with pytest.raises(InvalidInputError) as raised:
+        admit(make(), "a", 42)
+    assert raised.value.message == ("inference request for sequence 42 to model 'm' must specify the START flag "
+                                    "on the first request of the sequence")
+
+
+def test_a_request_with_several_rows_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="must specify batch-size 1 due to requirements of sequence batcher"):
+        make().admit(pending("a"), SequenceFlags(1, True), 2, 0)
+
+
+def test_direct_batches_one_request_per_ready_slot_in_slot_order() -> None:
+    sequences = make(slots=2)
+    admit(sequences, "a1", 1, start=True)
+    admit(sequences, "b1", 2, start=True)
+    admit(sequences, "a2", 1)
+    batch, _ = sequences.take(0, 0)
+    assert names(batch) == ["a1", "b1"]
+    sequences.done(0, batch)
+    batch, _ = sequences.take(0, 0)
+    assert names(batch) == ["a2"]
+
+
+def test_a_lane_runs_one_batch_at_a_time() -> None:
+    sequences = make(slots=2)
+    admit(sequences, "a1", 1, start=True)
+    batch, _ = sequences.take(0, 0)
+    admit(sequences, "b1", 2, start=True)
+    assert sequences.take(0, 0) == ([], None)
+    sequences.done(0, batch)
+    assert names(sequences.take(0, 0)[0]) == ["b1"]
+
+
+def test_a_sequence_starting_when_every_slot_is_taken_waits_in_the_backlog_until_one_ends() -> None:
+    sequences = make(slots=1)
+    admit(sequences, "a1", 1, start=True)
+    admit(sequences, "b1", 2, start=True)
+    admit(sequences, "b2", 2, end=True)
+    assert len(sequences.backlog) == 1
+    batch, _ = sequences.take(0, 0)
+    assert names(batch) == ["a1"]
+    sequences.done(0, batch)
+    assert sequences.take(0, 0) == ([], None)  # sequence 1 still holds the slot
+    admit(sequences, "a2", 1, end=True)
+    batch, _ = sequences.take(0, 0)
+    sequences.done(0, batch)  # its END ran: the slot goes to sequence 2
+    assert names(sequences.take(0, 0)[0]) == ["b1"]
+
+
+def test_sequences_spread_over_lanes() -> None:
+    sequences = make(lanes=2, slots=2)
+    admit(sequences, "a", 1, start=True)
+    admit(sequences, "b", 2, start=True)
+    assert names(sequences.take(0, 0)[0]) == ["a"]
+    assert names(sequences.take(1, 0)[0]) == ["b"]
+
+
+def test_after_end_the_same_id_needs_start_again() -> None:
+    sequences = make()
+    admit(sequences, "a1", 1, start=True, end=True)
+    with pytest.raises(InvalidInputError, match="must specify the START flag"):
+        admit(sequences, "a2", 1)
+
+
+def test_a_start_for_a_sequence_in_flight_continues_in_its_slot() -> None:
+    sequences = make(slots=2)
+    admit(sequences, "a1", 1, start=True)
+    admit(sequences, "a2", 1, start=True)
+    assert len(sequences.take(0, 0)[0]) == 1  # the same slot: one at a time
+
+
+def test_direct_queue_delay_holds_a_batch_until_the_slots_fill_or_the_delay_passes() -> None:
+    sequences = make(slots=2, strategy=SequenceStrategy("direct", max_queue_delay_microseconds=100,
+                                                        minimum_slot_utilization=1.0))
+    admit(sequences, "a1", 1, start=True, now=0)
+    assert sequences.take(0, 99 * US) == ([], 100 * US)
+    assert names(sequences.take(0, 100 * US)[0]) == ["a1"]
+
+
+def test_direct_minimum_slot_utilization_lets_a_full_batch_go_at_once() -> None:
+    sequences = make(slots=2, strategy=SequenceStrategy("direct", max_queue_delay_microseconds=100,
+                                                        minimum_slot_utilization=1.0))
+    admit(sequences, "a1", 1, start=True)
+    admit(sequences, "b1", 2, start=True)
+    assert names(sequences.take(0, 0)[0]) == ["a1", "b1"]
+
+
+def test_oldest_batches_the_oldest_sequences_first_up_to_max_batch_size() -> None:
+    sequences = make(slots=4, max_batch_size=2, strategy=SequenceStrategy("oldest", max_candidate_sequences=4))
+    admit(sequences, "c1", 3, start=True, now=3)
+    admit(sequences, "a1", 1, start=True, now=1)
+    admit(sequences, "b1", 2, start=True, now=2)
+    batch, _ = sequences.take(0, 5)
+    assert names(batch) == ["a1", "b1"]
+
+
+def test_oldest_with_a_queue_delay_waits_for_the_preferred_batch_size() -> None:
+    sequences = make(slots=4, max_batch_size=4, strategy=SequenceStrategy(
+        "oldest", max_candidate_sequences=4, preferred_batch_size=(2,), max_queue_delay_microseconds=100))
+    admit(sequences, "a1", 1, start=True, now=0)
+    assert sequences.take(0, 0) == ([], 100 * US)
+    admit(sequences, "b1", 2, start=True, now=10)
+    assert names(sequences.take(0, 10)[0]) == ["a1", "b1"]
+
+
+def test_a_sequence_idle_past_the_limit_is_released_and_needs_start_again() -> None:
+    sequences = make(slots=1, idle_us=500)
+    admit(sequences, "a1", 1, start=True, now=0)
+    admit(sequences, "b1", 2, start=True, now=0)  # backlog: the one slot is taken
+    batch, _ = sequences.take(0, 0)
+    sequences.done(0, batch)
+    assert sequences.next_idle_ns() == 500 * US
+    assert sequences.release_idle(499 * US) == []
+    released = sequences.release_idle(500 * US)
+    assert [occupant.id for occupant in released] == [1]
+    assert names(sequences.take(0, 500 * US)[0]) == ["b1"]  # the backlog got the slot
+    with pytest.raises(InvalidInputError, match="sequence 1 to model 'm' must specify the START flag"):
+        admit(sequences, "a2", 1, now=501 * US)
+
+
+def test_a_sequence_with_a_request_queued_is_never_idle() -> None:
+    sequences = make(slots=1, idle_us=500)
+    admit(sequences, "a1", 1, start=True, now=0)
+    assert sequences.next_idle_ns() is None
+    assert sequences.release_idle(10**12) == []
+
+
+def test_a_withdrawn_request_leaves_its_sequence_but_a_running_one_stays() -> None:
+    sequences = make(slots=1)
+    first, second = pending("a1"), pending("a2")
+    sequences.admit(first, SequenceFlags(1, True), 1, 0)
+    sequences.admit(second, SequenceFlags(1), 1, 0)
+    batch, _ = sequences.take(0, 0)
+    assert sequences.queued == 1
+    assert not sequences.withdraw(first)  # running: the batch answers (or drops) it
+    assert sequences.withdraw(second)
+    sequences.done(0, batch)
+    assert sequences.queued == 0
