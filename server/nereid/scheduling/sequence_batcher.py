@@ -17,7 +17,7 @@ import logging
 from typing import Any, AsyncGenerator, Sequence
 
 from nereid.config.schema import ModelConfig
-from nereid.errors import NereidError, RequestTimeoutError, UnavailableError
+from nereid.errors import NereidError, RequestCancelledError, RequestTimeoutError, UnavailableError
 from nereid.inference import InferRequest
 from nereid.scheduling.clock import SYSTEM_CLOCK, Cancellable, Clock
 from nereid.scheduling.execution import Execution, Instance, Outcome
@@ -33,6 +33,11 @@ _log = logging.getLogger("nereid")
 
 def _rows(request: Any) -> int:
     return int(getattr(request, "rows", 1))
+
+
+def _id(pending: Pending) -> int | str:
+    flags = pending.request.sequence
+    return flags.id if flags is not None else 0
 
 
 class _Dropped:
@@ -154,10 +159,19 @@ class SequenceBatcher:
         yield await self.infer(payload, received_ns, timeout_us=timeout_us)
 
     def withdraw(self, pending: Pending) -> None:
-        """Its caller went away: out of its sequence unexecuted (CANCELED), or no answer."""
+        """Its caller went away: out of its sequence unexecuted (CANCELED), or no answer
+        if it runs already. A queued request cancelled ends its sequence, as in Triton: the
+        requests queued behind it fail CANCELED too (sequences.py ``withdraw``)."""
         pending.answer.cancel()
-        if self.sequences.withdraw(pending):
-            self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+        cancelled = self.sequences.withdraw(pending)
+        if cancelled is None:
+            return
+        self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+        for other in cancelled[1:]:
+            self._answers.fail(other, RequestCancelledError(
+                f"model '{self.model_name}': sequence {_id(other)} was cancelled (a request of it was cancelled "
+                "before it ran)"), "CANCELED")
+        self._after_batch()  # its slot may have freed
 
     def _enqueue(self, payload: InferRequest, received_ns: int | None, answer: Answer,
                  timeout_us: int | None) -> Pending:

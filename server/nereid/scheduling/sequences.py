@@ -140,13 +140,28 @@ class Sequences:
         occupant.lane, occupant.slot = best[2], best[0]
         self.lanes[best[2]].slots[best[0]] = occupant
 
-    def withdraw(self, pending: Pending) -> bool:
-        """Take a queued request out of its sequence; whether it was queued."""
+    def withdraw(self, pending: Pending) -> list[Pending] | None:
+        """Its caller cancelled a queued request: its sequence ends there, as Triton ends a
+        sequence with a cancelled request (DirectSequenceBatch::BatcherThread,
+        OldestSequenceBatch::CompleteAndNext, ReleaseSequenceSlot). The requests that leave
+        are returned, ``pending`` first: in a slot, it and those queued behind it (those
+        ahead still run, then the slot frees); in the backlog, all of the sequence's. Its
+        correlation id is forgotten: a next request needs START. None: it was not queued
+        (running, or gone already)."""
         for occupant in self._occupants():
             if pending in occupant.queue and not (occupant.running and occupant.queue[0] is pending):
-                occupant.queue.remove(pending)
-                return True
-        return False
+                queued = list(occupant.queue)
+                keep = queued.index(pending) if occupant.lane >= 0 else 0
+                occupant.queue = collections.deque(queued[:keep])
+                occupant.ended = True
+                if self._by_id.get(occupant.id) is occupant:
+                    del self._by_id[occupant.id]
+                if occupant.lane < 0:
+                    self.backlog.remove(occupant)
+                elif not occupant.queue and not occupant.running:
+                    self._free(occupant)
+                return [pending, *(other for other in queued[keep:] if other is not pending)]
+        return None
 
     def _occupants(self) -> Iterator[Occupant]:
         for lane in self.lanes:

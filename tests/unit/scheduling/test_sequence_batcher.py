@@ -14,7 +14,8 @@ import pytest
 
 from nereid.config import parse_model_config
 from nereid.config.schema import ModelConfig
-from nereid.errors import InvalidInputError, ModelExecutionError, NereidError, RequestTimeoutError
+from nereid.errors import (InvalidInputError, ModelExecutionError, NereidError, RequestCancelledError,
+                           RequestTimeoutError)
 from nereid.inference import InferRequest, SequenceFlags
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors
@@ -328,5 +329,26 @@ def test_a_sequence_idle_in_the_backlog_is_released_only_after_it_got_a_slot_and
             clock.advance(0)  # the reaper, due now: idle since its last request
             with pytest.raises(InvalidInputError, match="sequence 5 to model 'acc' must specify the START flag"):
                 await batcher.infer(request(1, 5))
+
+    run(scenario())
+
+
+def test_a_cancelled_queued_request_ends_its_sequence_and_fails_those_behind_it_as_canceled() -> None:
+    async def scenario() -> None:
+        instance = Accumulator(gate=asyncio.Event())
+        async with make([instance], ManualClock()) as batcher:
+            running = asyncio.ensure_future(batcher.infer(request(1, 7, start=True)))
+            await until(lambda: instance.batches)
+            cancelled = asyncio.ensure_future(batcher.infer(request(2, 7)))
+            behind = asyncio.ensure_future(batcher.infer(request(3, 7)))
+            await until(lambda: batcher.queue_depth == 2)
+            cancelled.cancel()
+            with pytest.raises(RequestCancelledError, match="sequence 7 was cancelled"):
+                await behind
+            instance.gate.set()
+            assert total(await running) == 1
+            with pytest.raises(InvalidInputError, match="sequence 7 to model 'acc' must specify the START flag"):
+                await batcher.infer(request(4, 7))
+        assert batcher.stats.failures_by_reason["CANCELED"] == 2
 
     run(scenario())

@@ -189,6 +189,7 @@ def test_a_sequence_with_a_request_queued_is_never_idle() -> None:
 
 
 def test_a_withdrawn_request_leaves_its_sequence_but_a_running_one_stays() -> None:
+    """A running request's caller gone: the batch drops its answer (its sequence goes on)."""
     sequences = make(slots=1)
     first, second = pending("a1"), pending("a2")
     sequences.admit(first, SequenceFlags(1, True), 1, 0)
@@ -311,3 +312,44 @@ def test_an_idle_sequence_in_the_backlog_keeps_waiting_and_is_released_once_its_
     assert run(sequences, now=1000 * US) == ["b1"]
     assert sequences.next_idle_ns() == 500 * US  # idle since its last request at 0
     assert [o.id for o in sequences.release_idle(1000 * US)] == [2]
+
+
+# -- cancellation ends a sequence (ReleaseSequenceSlot with a cancelled request) ---------------
+
+
+def test_a_cancelled_request_in_a_slot_ends_its_sequence_after_the_requests_ahead_of_it() -> None:
+    sequences = make(slots=1)
+    first, second, third = pending("a1"), pending("a2"), pending("a3")
+    sequences.admit(first, SequenceFlags(1, True), 1, 0)
+    sequences.admit(second, SequenceFlags(1), 1, 0)
+    sequences.admit(third, SequenceFlags(1), 1, 0)
+    admit(sequences, "b1", 2, start=True)  # backlog
+    cancelled = sequences.withdraw(second)
+    assert [p.request for p in cancelled or []] == ["a2", "a3"]
+    assert run(sequences) == ["a1"]  # ahead of it: still runs, then the slot frees
+    assert run(sequences) == ["b1"]
+    with pytest.raises(InvalidInputError, match="sequence 1 to model 'm' must specify the START flag"):
+        admit(sequences, "a4", 1)
+
+
+def test_a_cancelled_request_in_the_backlog_cancels_its_whole_sequence() -> None:
+    sequences = make(slots=1)
+    admit(sequences, "a1", 1, start=True)
+    first, second = pending("b1"), pending("b2")
+    sequences.admit(first, SequenceFlags(2, True), 1, 0)
+    sequences.admit(second, SequenceFlags(2), 1, 0)
+    assert [p.request for p in sequences.withdraw(second) or []] == ["b2", "b1"]
+    assert not sequences.backlog
+    with pytest.raises(InvalidInputError, match="sequence 2 to model 'm' must specify the START flag"):
+        admit(sequences, "b3", 2)
+
+
+def test_a_cancelled_idle_sequences_slot_frees_at_once() -> None:
+    sequences = make(slots=1)
+    admit(sequences, "a1", 1, start=True)
+    assert run(sequences) == ["a1"]
+    second = pending("a2")
+    sequences.admit(second, SequenceFlags(1), 1, 0)
+    admit(sequences, "b1", 2, start=True)  # backlog
+    sequences.withdraw(second)
+    assert run(sequences) == ["b1"]
