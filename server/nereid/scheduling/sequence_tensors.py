@@ -160,8 +160,10 @@ class SequenceTensors:
 
     def _control_value(self, control: SequenceControl, dt: DataType, flags: SequenceFlags) -> np.ndarray:
         if control.kind == CORRID:
-            value: Any = flags.id.encode() if isinstance(flags.id, str) else flags.id
-            array = np.array([value], dtype=object if dt.is_bytes else dt.numpy)
+            if isinstance(flags.id, str):
+                array = np.array([flags.id.encode()], dtype=object)
+            else:  # Triton copies the id's low bytes: a narrower CORRID type wraps, never fails
+                array = np.array([flags.id], dtype=np.uint64).astype(dt.numpy)
         else:
             on = {START: flags.start, END: flags.end, READY: True}[control.kind]
             pair: tuple[Any, ...] = control.int32_false_true or control.fp32_false_true or control.bool_false_true

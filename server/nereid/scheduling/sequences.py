@@ -185,8 +185,8 @@ class Sequences:
         shapes differ from the first ready slot's (it waits for a later batch). A queue
         delay holds the batch back until ``minimum_slot_utilization`` of ``max_batch_size``
         is ready or its oldest request waited the delay (no delay, or a utilization of 0:
-        at once). oldest: the oldest sequences' next requests of one shape, up to
-        max_batch_size, no empty rows; a delay waits for the largest preferred size."""
+        at once). oldest: the sequences' next requests that waited longest, of one shape,
+        up to max_batch_size, no empty rows; a delay waits for the largest preferred size."""
         lane = self.lanes[lane_index]
         if lane.busy:
             return [], None
@@ -195,7 +195,9 @@ class Sequences:
             return [], None
         oldest = self._strategy.kind == "oldest"
         if oldest:
-            ready.sort(key=lambda o: o.started_ns)
+            # Triton hands each slot's next request to a dynamic batcher, first come first
+            # served (OldestSequenceBatch): the requests that waited longest go first.
+            ready.sort(key=lambda o: o.queue[0].enqueued_ns)
             shape = ready[0].queue[0].signature
             ready = [o for o in ready if o.queue[0].signature == shape][: self._cap]
         if self._delay_ns and not flush and not self._full_enough(len(ready), oldest):

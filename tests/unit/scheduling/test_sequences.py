@@ -148,13 +148,14 @@ def test_direct_minimum_slot_utilization_lets_a_full_batch_go_at_once() -> None:
     assert names(sequences.take(0, 0)[0]) == ["a1", "b1"]
 
 
-def test_oldest_batches_the_oldest_sequences_first_up_to_max_batch_size() -> None:
+def test_oldest_batches_the_requests_that_waited_longest_up_to_max_batch_size() -> None:
     sequences = make(slots=4, max_batch_size=2, strategy=SequenceStrategy("oldest", max_candidate_sequences=4))
-    admit(sequences, "c1", 3, start=True, now=3)
-    admit(sequences, "a1", 1, start=True, now=1)
-    admit(sequences, "b1", 2, start=True, now=2)
-    batch, _ = sequences.take(0, 5)
-    assert names(batch) == ["a1", "b1"]
+    admit(sequences, "c1", 3, start=True, now=1)
+    admit(sequences, "a1", 1, start=True, now=2)
+    admit(sequences, "b1", 2, start=True, now=3)
+    assert run(sequences, now=5) == ["c1", "a1"]
+    admit(sequences, "c2", 3, now=6)
+    assert run(sequences, now=6) == ["b1", "c2"]  # b1 waited longer than c2, though c started first
 
 
 def test_oldest_with_a_queue_delay_waits_for_the_preferred_batch_size() -> None:
