@@ -17,7 +17,7 @@ import logging
 from typing import Any, AsyncGenerator, Sequence
 
 from nereid.config.schema import ModelConfig
-from nereid.errors import NereidError, RequestCancelledError, RequestTimeoutError, UnavailableError
+from nereid.errors import InternalError, NereidError, RequestCancelledError, RequestTimeoutError, UnavailableError
 from nereid.inference import InferRequest
 from nereid.scheduling.clock import SYSTEM_CLOCK, Cancellable, Clock
 from nereid.scheduling.execution import Execution, Instance, Outcome
@@ -212,6 +212,12 @@ class SequenceBatcher:
                         self._answers.fail(occupant.queue[0], UnavailableError(
                             f"model '{self.model_name}' was unloaded while this request ran in it"))
                 raise
+            except Exception as exc:  # a bug: it fails this batch, never the lane (its slots would hang)
+                _log.exception("internal error in the sequence batcher of model '%s'", self.model_name)
+                for occupant in batch:
+                    if occupant is not None:
+                        self._answers.fail(occupant.queue[0], InternalError(
+                            f"internal error in model '{self.model_name}': {type(exc).__name__}: {exc}"))
             finally:
                 self.sequences.done(index, batch)
                 self._after_batch()
