@@ -120,6 +120,103 @@ class TritonPythonModel:
 """
 
 
+#: A model that keeps its state per batch row, as Triton's own sequence test models do
+#: (qa/L0_sequence_batcher): with the direct strategy a row is a slot, an empty slot below
+#: a ready one gets a null request (READY false) so every sequence keeps its row.
+ROWS = """
+name = "rows"
+max_batch_size = 4
+[[input]]
+name = "INPUT"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "OUTPUT"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "READY_SEEN"
+data_type = "TYPE_INT32"
+dims = [4]
+[sequence_batching]
+max_sequence_idle_microseconds = 60000000
+direct = {}
+[[sequence_batching.control_input]]
+name = "START"
+control = [{ kind = "CONTROL_SEQUENCE_START", int32_false_true = [0, 1] }]
+[[sequence_batching.control_input]]
+name = "END"
+control = [{ kind = "CONTROL_SEQUENCE_END", int32_false_true = [0, 1] }]
+[[sequence_batching.control_input]]
+name = "READY"
+control = [{ kind = "CONTROL_SEQUENCE_READY", int32_false_true = [0, 1] }]
+[[sequence_batching.control_input]]
+name = "CORRID"
+control = [{ kind = "CONTROL_SEQUENCE_CORRID", data_type = "TYPE_UINT64" }]
+[[instance_group]]
+count = 1
+kind = "KIND_CPU"
+"""
+
+ROWS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _value(request, name):
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0, 0])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = [0, 0, 0, 0]  # one running sum per batch row: a row is a slot
+
+    def execute(self, requests):
+        ready = [_value(request, "READY") for request in requests]
+        seen = np.array([ready + [-1] * (4 - len(ready))], dtype=np.int32)
+        responses = []
+        for row, request in enumerate(requests):
+            if ready[row]:
+                value = _value(request, "INPUT")
+                self.totals[row] = value if _value(request, "START") else self.totals[row] + value
+                assert _value(request, "CORRID") == request.correlation_id()
+            else:  # a null request: nothing in it is meaningful, and its answer is dropped
+                assert (_value(request, "START"), _value(request, "END"), _value(request, "CORRID")) == (0, 0, 0)
+                assert (request.correlation_id(), request.flags()) == (0, 0)
+            total = np.array([[self.totals[row] if ready[row] else -1]], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("READY_SEEN", seen)]))
+        return responses
+"""
+
+#: One slot (no batching, one instance): a second sequence waits in the backlog.
+ONE_SLOT = """
+name = "one_slot"
+max_batch_size = 0
+[[input]]
+name = "INPUT"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "OUTPUT"
+data_type = "TYPE_INT32"
+dims = [1]
+[sequence_batching]
+max_sequence_idle_microseconds = 60000000
+[[instance_group]]
+count = 1
+kind = "KIND_CPU"
+"""
+
+ONE_SLOT_MODEL = """
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        return {"OUTPUT": inputs["INPUT"]}
+"""
+
 #: Both gRPC engines: nereid's own transport and grpcio's server.
 GRPC_ENGINES = ["native", "grpcio"]
 
@@ -349,3 +446,49 @@ def test_perf_analyzer_drives_a_sequence_model(
     stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("acc")["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] == 0
     assert stats["inference_stats"]["success"]["count"] > 0
+
+
+def test_direct_batch_rows_are_slots_with_ready_false_in_empty_slots_below_a_ready_one(
+    repo: RepoBuilder, serve: Callable[..., RunningServer]
+) -> None:
+    repo.add("rows", ROWS, ROWS_MODEL, version=1)
+    server = serve(repo.root)
+    client = httpclient.InferenceServerClient(server.url)
+
+    def step(sequence: int, value: int, start: bool = False, end: bool = False) -> tuple[int, list[int]]:
+        result = client.infer("rows", _http_input(value), sequence_id=sequence, sequence_start=start,
+                              sequence_end=end)
+        return int(result.as_numpy("OUTPUT")[0, 0]), result.as_numpy("READY_SEEN")[0].tolist()
+
+    assert step(1, 1, start=True) == (1, [1, -1, -1, -1])  # slot 0
+    assert step(2, 10, start=True) == (10, [0, 1, -1, -1])  # slot 1, slot 0 not ready
+    assert step(3, 100, start=True) == (100, [0, 0, 1, -1])  # slot 2
+    assert step(2, 20) == (30, [0, 1, -1, -1])  # the batch stops at the highest ready slot
+    assert step(1, 2) == (3, [1, -1, -1, -1])  # row 0's sum survived the null rows
+    assert step(3, 300, end=True) == (400, [0, 0, 1, -1])
+    assert step(1, 3, end=True) == (6, [1, -1, -1, -1])
+    stats = client.get_inference_statistics("rows")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 7  # null requests are not requests
+    client.close()
+
+
+def test_a_backlogged_sequence_past_its_timeout_is_rejected_with_tritons_status_and_message(
+    repo: RepoBuilder, serve: Callable[..., RunningServer]
+) -> None:
+    repo.add("one_slot", ONE_SLOT, ONE_SLOT_MODEL)
+    server = serve(repo.root)
+    client = httpclient.InferenceServerClient(server.url)
+    item = httpclient.InferInput("INPUT", [1], "INT32")
+    item.set_data_from_numpy(np.array([7], dtype=np.int32))
+    client.infer("one_slot", [item], sequence_id=1, sequence_start=True)  # holds the one slot
+    with pytest.raises(InferenceServerException) as raised:  # waits for a slot 50 ms, gets none
+        client.infer("one_slot", [item], sequence_id=2, sequence_start=True, timeout=50_000)
+    assert raised.value.status() == "503"
+    assert raised.value.message() == "timeout of the corresponding sequence has been expired"
+    with pytest.raises(InferenceServerException, match="sequence 2 to model 'one_slot' must specify the START"):
+        client.infer("one_slot", [item], sequence_id=2)
+    # in a slot, a timeout never applies
+    assert int(client.infer("one_slot", [item], sequence_id=1, timeout=1).as_numpy("OUTPUT")[0]) == 7
+    stats = client.get_inference_statistics("one_slot")["model_stats"][0]
+    assert stats["inference_stats"]["fail"]["count"] == 1
+    client.close()

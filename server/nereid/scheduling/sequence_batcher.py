@@ -4,8 +4,10 @@ Each instance is a lane of slots (sequences.py decides who holds which slot and 
 batch is due); one task per lane runs its batches one at a time, so a sequence's requests
 reach its slot in order. Each step gets its control and state inputs
 (sequence_tensors.py); the state outputs are kept for the sequence's next step and never
-returned. Idle sequences are released on the injected clock's timer. The same ways in as
-DynamicBatcher (``infer``, ``submit``, ``withdraw``, ``aclose``); no HTTP, no JSON.
+returned. An empty row of a direct batch runs a null request whose outputs are dropped.
+Idle sequences are released, and backlogged ones past their timeout rejected, on the
+injected clock's timer. The same ways in as DynamicBatcher (``infer``, ``submit``,
+``withdraw``, ``aclose``); no HTTP, no JSON.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import logging
 from typing import Any, AsyncGenerator, Sequence
 
 from nereid.config.schema import ModelConfig
-from nereid.errors import NereidError, UnavailableError
+from nereid.errors import InternalError, NereidError, RequestCancelledError, RequestTimeoutError, UnavailableError
 from nereid.inference import InferRequest
 from nereid.scheduling.clock import SYSTEM_CLOCK, Cancellable, Clock
 from nereid.scheduling.execution import Execution, Instance, Outcome
 from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, OnAnswer, Pending
 from nereid.scheduling.sequence_tensors import SequenceTensors
-from nereid.scheduling.sequences import Occupant, Sequences
+from nereid.scheduling.sequences import Rows, Sequences
 from nereid.stats import ModelStats
 
 __all__ = ["SequenceBatcher"]
@@ -31,6 +33,31 @@ _log = logging.getLogger("nereid")
 
 def _rows(request: Any) -> int:
     return int(getattr(request, "rows", 1))
+
+
+def _id(pending: Pending) -> int | str:
+    flags = pending.request.sequence
+    return flags.id if flags is not None else 0
+
+
+class _Dropped:
+    """The Answer of a null request: nobody listens, so it counts as answered already
+    (whatever fails or answers a batch passes it over)."""
+
+    def done(self) -> bool:
+        return True
+
+    def set_result(self, outputs: Any) -> None:
+        pass
+
+    def set_exception(self, error: BaseException) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+_DROPPED = _Dropped()
 
 
 class SequenceBatcher:
@@ -109,9 +136,12 @@ class SequenceBatcher:
     async def infer(self, payload: InferRequest, received_ns: int | None = None, *, priority: int = 0,
                     timeout_us: int | None = None) -> Any:
         """Queue one request in its sequence and wait for its outputs. Raises Triton's
-        InvalidInputError for a request the sequence batcher refuses (sequences.py)."""
+        InvalidInputError for a request the sequence batcher refuses (sequences.py).
+        ``priority`` is ignored, as Triton ignores it for a model without dynamic batching
+        (its priority levels are 0: Model::Init, InferenceRequest::SetPriority);
+        ``timeout_us`` (0 or None: none) bounds only a wait in the backlog for a slot."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending = self._enqueue(payload, received_ns, future)
+        pending = self._enqueue(payload, received_ns, future, timeout_us)
         try:
             return await future
         except asyncio.CancelledError:
@@ -121,31 +151,43 @@ class SequenceBatcher:
     def submit(self, payload: InferRequest, received_ns: int | None, on_answer: OnAnswer, *, priority: int = 0,
                timeout_us: int | None = None) -> Pending:
         """Queue one request without waiting; ``on_answer(outputs, error)`` is called once."""
-        return self._enqueue(payload, received_ns, CallbackAnswer(on_answer))
+        return self._enqueue(payload, received_ns, CallbackAnswer(on_answer), timeout_us)
 
     async def stream(self, payload: InferRequest, received_ns: int | None = None, *, priority: int = 0,
                      timeout_us: int | None = None) -> AsyncGenerator[Any, None]:
         """A sequence model is never decoupled (config rules): one answer, as one step."""
-        yield await self.infer(payload, received_ns)
+        yield await self.infer(payload, received_ns, timeout_us=timeout_us)
 
     def withdraw(self, pending: Pending) -> None:
-        """Its caller went away: out of its sequence unexecuted (CANCELED), or no answer."""
+        """Its caller went away: out of its sequence unexecuted (CANCELED), or no answer
+        if it runs already. A queued request cancelled ends its sequence, as in Triton: the
+        requests queued behind it fail CANCELED too (sequences.py ``withdraw``)."""
         pending.answer.cancel()
-        if self.sequences.withdraw(pending):
-            self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+        cancelled = self.sequences.withdraw(pending)
+        if cancelled is None:
+            return
+        self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+        for other in cancelled[1:]:
+            self._answers.fail(other, RequestCancelledError(
+                f"model '{self.model_name}': sequence {_id(other)} was cancelled (a request of it was cancelled "
+                "before it ran)"), "CANCELED")
+        self._after_batch()  # its slot may have freed
 
-    def _enqueue(self, payload: InferRequest, received_ns: int | None, answer: Answer) -> Pending:
+    def _enqueue(self, payload: InferRequest, received_ns: int | None, answer: Answer,
+                 timeout_us: int | None) -> Pending:
         if self._closed:
             raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
         now = self._clock()
         received = now if received_ns is None else received_ns
-        pending = Pending(1, None, 0, now, 0, payload, received, answer, self)
+        pending = Pending(1, self._tensors.signature(payload), 0, now, 0, payload, received, answer, self)
         # A refusal is not counted: Triton refuses before the request is enqueued
         # (PrepareForInference, SequenceBatchScheduler::Enqueue) and counts nothing.
         self._tensors.check(payload)
-        occupant = self.sequences.admit(pending, payload.sequence, payload.rows, now)
+        occupant = self.sequences.admit(pending, payload.sequence, payload.rows, now, timeout_us)
         if occupant.lane >= 0:
             self._wakes[occupant.lane].set()
+        elif occupant.expires_ns is not None:
+            self._schedule_reaper()
         return pending
 
     # -- lanes ------------------------------------------------------------------------------
@@ -166,9 +208,16 @@ class SequenceBatcher:
                 await self._run(index, instance, batch)
             except asyncio.CancelledError:  # aclose gave up on it: its requests get an answer
                 for occupant in batch:
-                    self._answers.fail(occupant.queue[0], UnavailableError(
-                        f"model '{self.model_name}' was unloaded while this request ran in it"))
+                    if occupant is not None:
+                        self._answers.fail(occupant.queue[0], UnavailableError(
+                            f"model '{self.model_name}' was unloaded while this request ran in it"))
                 raise
+            except Exception as exc:  # a bug: it fails this batch, never the lane (its slots would hang)
+                _log.exception("internal error in the sequence batcher of model '%s'", self.model_name)
+                for occupant in batch:
+                    if occupant is not None:
+                        self._answers.fail(occupant.queue[0], InternalError(
+                            f"internal error in model '{self.model_name}': {type(exc).__name__}: {exc}"))
             finally:
                 self.sequences.done(index, batch)
                 self._after_batch()
@@ -191,27 +240,39 @@ class SequenceBatcher:
             wake.set()
         self._schedule_reaper()
 
-    async def _run(self, index: int, instance: Instance, batch: list[Occupant]) -> None:
-        pendings = tuple(occupant.queue[0] for occupant in batch)
-        for pending, occupant in zip(pendings, batch):
-            pending.request = self._tensors.step(pending.request, occupant.state)
+    async def _run(self, index: int, instance: Instance, batch: Rows) -> None:
+        """Run one batch: each row's request stepped (controls, state), a null request
+        in each empty row; answer the real rows only."""
+        for occupant in batch:
+            if occupant is not None:
+                pending = occupant.queue[0]
+                pending.request = self._tensors.step(pending.request, occupant.state)
         started = self._clock()
+        rows = tuple(self._null(batch, started) if occupant is None else occupant.queue[0] for occupant in batch)
         self._executing += 1
         try:
-            outcome = await self._execution.run(instance, pendings)
+            outcome = await self._execution.run(instance, rows)
         finally:
             self._executing -= 1
         if outcome is None:  # past the execution timeout: answered already
             return
-        self._answer(pendings, batch, started, outcome)
+        self._answer(batch, started, outcome)
 
-    def _answer(self, pendings: tuple[Pending, ...], batch: list[Occupant], started: int, outcome: Outcome) -> None:
+    def _null(self, batch: Rows, now: int) -> Pending:
+        """The null request of an empty row, shaped after the batch's first real row."""
+        model = next(occupant for occupant in batch if occupant is not None).queue[0].request
+        return Pending(1, None, 0, now, 0, self._tensors.null(model), now, _DROPPED, self)
+
+    def _answer(self, batch: Rows, started: int, outcome: Outcome) -> None:
+        pendings = tuple(occupant.queue[0] for occupant in batch if occupant is not None)
         if outcome.error is not None or outcome.outputs is None:
             error = outcome.error or UnavailableError(f"model '{self.model_name}' returned no outputs")
             self._answers.batch_failed(pendings, error, None)
             return
         answers: list[Any] = []
         for occupant, output in zip(batch, outcome.outputs):
+            if occupant is None:  # a null request's outputs: dropped, no state kept
+                continue
             if isinstance(output, NereidError):
                 answers.append(output)
                 continue
@@ -226,7 +287,8 @@ class SequenceBatcher:
     # -- idle sequences ---------------------------------------------------------------------
 
     def _schedule_reaper(self) -> None:
-        at = self.sequences.next_idle_ns()
+        times = [t for t in (self.sequences.next_idle_ns(), self.sequences.next_expiry_ns()) if t is not None]
+        at = min(times) if times else None
         if at == self._reaper_at:
             return
         if self._reaper is not None:
@@ -236,7 +298,14 @@ class SequenceBatcher:
 
     def _reap(self) -> None:
         self._reaper = self._reaper_at = None
-        released = self.sequences.release_idle(self._clock())
+        now = self._clock()
+        for occupant in self.sequences.expire_backlog(now):
+            # SequenceBatchScheduler::ReaperThread: Status::Code::UNAVAILABLE, FailureReason::REJECTED
+            for pending in occupant.queue:
+                self._answers.fail(pending, RequestTimeoutError(
+                    "timeout of the corresponding sequence has been expired"), "REJECTED")
+            occupant.queue.clear()
+        released = self.sequences.release_idle(now)
         for occupant in released:
             _log.info("model '%s': sequence %s released after %d us idle", self.model_name, occupant.id,
                       self.sequences.idle_ns // 1000)

@@ -1,5 +1,6 @@
 """The tensors the sequence batcher adds to a step and keeps from it: control inputs
-(START, END, READY, CORRID) filled as Triton fills them, and implicit state.
+(START, END, READY, CORRID) filled as Triton fills them, implicit state, and the null
+request that fills an empty slot of a direct batch.
 
 Owns their values, dtypes and shapes, and the config the instances run with (the model's
 inputs and outputs plus these). Knows nothing about slots or batches (sequences.py) nor
@@ -19,6 +20,7 @@ from nereid.config.sequence_batching import CORRID, END, READY, START
 from nereid.datatypes import DataType, by_config_name
 from nereid.errors import InvalidInputError, ModelLoadError
 from nereid.inference import InferRequest, SequenceFlags
+from nereid.tensors.assembly import signature_function
 
 __all__ = ["SequenceTensors", "execution_config"]
 
@@ -31,6 +33,13 @@ def _control_type(control: SequenceControl) -> DataType:
     data_type = by_config_name(name)
     assert data_type is not None
     return data_type
+
+
+def _blank(array: np.ndarray) -> np.ndarray:
+    """Zeros (BYTES: empty) of ``array``'s shape and dtype."""
+    if array.dtype == object:
+        return np.full(array.shape, b"", dtype=object)
+    return np.zeros_like(array)
 
 
 def execution_config(config: ModelConfig) -> ModelConfig:
@@ -62,6 +71,9 @@ class SequenceTensors:
         self._states = batching.state
         self._initial = {state.input_name: self._initial_value(state, model_dir) for state in batching.state}
         self.state_outputs = {state.output_name: state.input_name for state in batching.state}
+        #: the key under which two requests' inputs may share a batch (equal shapes, the
+        #: same optional inputs): Triton's enforce_equal_shape_tensors for a sequence batch.
+        self.signature = signature_function(config)
 
     def _shaped(self, array: np.ndarray) -> np.ndarray:
         return array.reshape((1, *array.shape)) if self._batched else array
@@ -117,6 +129,23 @@ class SequenceTensors:
             inputs[input_name] = self._shaped(value)
         return dataclasses.replace(request, inputs=inputs)
 
+    def null(self, stepped: InferRequest) -> InferRequest:
+        """The request for an empty slot of a direct batch, made from a stepped request of
+        the same batch (Triton's InferenceRequest::CopyAsNull and the not-ready controls):
+        the same inputs and state inputs with the same shapes, holding zeros (Triton leaves
+        them uninitialised; BYTES empty); START, END and READY false; CORRID 0 (a string
+        CORRID: empty); no correlation id, flags or parameters of its own. Its outputs are
+        dropped and no sequence's state changes."""
+        inputs = {name: _blank(array) for name, array in stepped.inputs.items()}
+        for name, control, dt in self._controls:
+            if control.kind == CORRID:
+                value: Any = b"" if dt.is_bytes else 0
+                inputs[name] = self._shaped(np.array([value], dtype=object if dt.is_bytes else dt.numpy))
+            else:
+                pair: tuple[Any, ...] = control.int32_false_true or control.fp32_false_true or control.bool_false_true
+                inputs[name] = self._shaped(np.array([pair[0]], dtype=dt.numpy))
+        return InferRequest(stepped.model_name, inputs, model_version=stepped.model_version)
+
     def warmup(self, request: InferRequest) -> InferRequest:
         """A ``[[model_warmup]]`` sample as a whole sequence of one step (START and END,
         correlation id 1), each control and state repeated for the sample's rows (Triton
@@ -131,8 +160,10 @@ class SequenceTensors:
 
     def _control_value(self, control: SequenceControl, dt: DataType, flags: SequenceFlags) -> np.ndarray:
         if control.kind == CORRID:
-            value: Any = flags.id.encode() if isinstance(flags.id, str) else flags.id
-            array = np.array([value], dtype=object if dt.is_bytes else dt.numpy)
+            if isinstance(flags.id, str):
+                array = np.array([flags.id.encode()], dtype=object)
+            else:  # Triton copies the id's low bytes: a narrower CORRID type wraps, never fails
+                array = np.array([flags.id], dtype=np.uint64).astype(dt.numpy)
         else:
             on = {START: flags.start, END: flags.end, READY: True}[control.kind]
             pair: tuple[Any, ...] = control.int32_false_true or control.fp32_false_true or control.bool_false_true

@@ -14,7 +14,8 @@ import pytest
 
 from nereid.config import parse_model_config
 from nereid.config.schema import ModelConfig
-from nereid.errors import InvalidInputError, ModelExecutionError, NereidError
+from nereid.errors import (InvalidInputError, ModelExecutionError, NereidError, RequestCancelledError,
+                           RequestTimeoutError)
 from nereid.inference import InferRequest, SequenceFlags
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors
@@ -61,6 +62,8 @@ class Accumulator:
     enforces_timeout: bool = False
     queues_batches: bool = False
     batches: list[list[tuple[int, int, float, bool]]] = field(default_factory=list)
+    #: per batch, each row's (INPUT, STATE_IN)
+    values: list[list[tuple[int, int]]] = field(default_factory=list)
     gate: asyncio.Event | None = None
     fail_on: int | None = None  # an INPUT value that fails the batch
 
@@ -71,6 +74,7 @@ class Accumulator:
     async def run_batch(self, requests: Sequence[InferRequest]) -> Outcome:
         self.batches.append([(int(r.inputs["CORRID"][0, 0]), int(r.inputs["START"][0, 0]),
                               float(r.inputs["END"][0, 0]), bool(r.inputs["READY"][0, 0])) for r in requests])
+        self.values.append([(int(r.inputs["INPUT"][0, 0]), int(r.inputs["STATE_IN"][0, 0])) for r in requests])
         if self.gate is not None:
             await self.gate.wait()
         await next_turn()
@@ -97,6 +101,10 @@ def make(instances: list[Accumulator], clock: ManualClock, **changes: Any) -> Se
 def request(value: int, id_: int | str, start: bool = False, end: bool = False) -> InferRequest:
     return InferRequest("acc", {"INPUT": np.array([[value]], dtype=np.int32)},
                         sequence=SequenceFlags(id_, start, end))
+
+
+def total(answer: dict[str, np.ndarray]) -> int:
+    return int(answer["OUTPUT"][0, 0])
 
 
 def run(coro: Any) -> Any:
@@ -237,5 +245,110 @@ def test_a_failed_step_fails_its_request_and_the_sequence_goes_on_from_its_last_
             after = await batcher.infer(request(2, 7, end=True))
         assert int(after["OUTPUT"][0, 0]) == 3
         assert batcher.stats.failures_by_reason["BACKEND"] == 1
+
+    run(scenario())
+
+
+def test_an_empty_slot_below_a_ready_one_runs_a_null_request_with_ready_false() -> None:
+    async def scenario() -> None:
+        instance = Accumulator()
+        async with make([instance], ManualClock()) as batcher:
+            await batcher.infer(request(1, 7, start=True))  # slot 0
+            await batcher.infer(request(10, 8, start=True))  # slot 1: slot 0 has nothing
+        # the null row: START, END, READY false, CORRID 0, zeros for INPUT and STATE_IN
+        assert instance.batches == [[(7, 1, 0.0, True)], [(0, 0, 0.0, False), (8, 1, 0.0, True)]]
+        assert instance.values == [[(1, 0)], [(0, 0), (10, 0)]]
+
+    run(scenario())
+
+
+def test_a_null_rows_output_is_never_delivered_and_its_slots_state_is_untouched() -> None:
+    async def scenario() -> None:
+        instance = Accumulator()
+        async with make([instance], ManualClock()) as batcher:
+            await batcher.infer(request(1, 7, start=True))  # slot 0: state 1
+            second = await batcher.infer(request(10, 8, start=True))  # slot 0 runs a null row (output 0)
+            third = await batcher.infer(request(5, 7))  # 1 + 5: the null row's STATE_OUT was dropped
+        assert (total(second), total(third)) == (10, 6)
+        assert len(instance.batches[1]) == 2
+        assert batcher.stats.success.count == 3  # the null row is no request
+        assert batcher.stats.inference_count == 3
+
+    run(scenario())
+
+
+def test_direct_rows_stop_at_the_highest_ready_slot() -> None:
+    async def scenario() -> None:
+        instance = Accumulator()
+        async with make([instance], ManualClock()) as batcher:
+            for id_ in (1, 2, 3):
+                await batcher.infer(request(1, id_, start=True))
+            await batcher.infer(request(1, 2))
+            await batcher.infer(request(1, 1))
+        assert [[row[3] for row in batch] for batch in instance.batches] == [
+            [True], [False, True], [False, False, True], [False, True], [True]]
+
+    run(scenario())
+
+
+def test_a_backlogged_sequence_past_its_requests_timeout_is_rejected_as_triton_rejects_it() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        async with make([Accumulator()], clock, max_sequence_idle_microseconds=10**9) as batcher:
+            for id_ in (1, 2, 3, 4):  # the 4 slots
+                await batcher.infer(request(1, id_, start=True))
+            waiting = asyncio.ensure_future(batcher.infer(request(1, 5, start=True), timeout_us=1000))
+            patient = asyncio.ensure_future(batcher.infer(request(1, 6, start=True)))
+            await until(lambda: batcher.sequences.next_expiry_ns() is not None)
+            clock.advance(999_000)
+            assert not waiting.done()
+            clock.advance(1_000)
+            with pytest.raises(RequestTimeoutError, match="^timeout of the corresponding sequence has been expired$"):
+                await waiting
+            assert not patient.done()
+            await batcher.infer(request(1, 1, end=True))  # a slot frees: sequence 6 gets it
+            assert total(await patient) == 1
+        assert batcher.stats.failures_by_reason["REJECTED"] == 1
+
+    run(scenario())
+
+
+def test_a_sequence_idle_in_the_backlog_is_released_only_after_it_got_a_slot_and_ran() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        async with make([Accumulator()], clock) as batcher:  # idle limit 1000 us
+            for id_ in (1, 2, 3, 4):
+                await batcher.infer(request(1, id_, start=True))
+            backlogged = asyncio.ensure_future(batcher.infer(request(1, 5, start=True)))
+            await until(lambda: batcher.sequences.backlog)
+            clock.advance(500_000)
+            for id_ in (1, 2, 3):  # keep 1-3 busy; 4 idles out and frees its slot
+                await batcher.infer(request(1, id_))
+            clock.advance(500_000)
+            assert total(await backlogged) == 1  # idle 1000 us in the backlog: kept, then run
+            clock.advance(0)  # the reaper, due now: idle since its last request
+            with pytest.raises(InvalidInputError, match="sequence 5 to model 'acc' must specify the START flag"):
+                await batcher.infer(request(1, 5))
+
+    run(scenario())
+
+
+def test_a_cancelled_queued_request_ends_its_sequence_and_fails_those_behind_it_as_canceled() -> None:
+    async def scenario() -> None:
+        instance = Accumulator(gate=asyncio.Event())
+        async with make([instance], ManualClock()) as batcher:
+            running = asyncio.ensure_future(batcher.infer(request(1, 7, start=True)))
+            await until(lambda: instance.batches)
+            cancelled = asyncio.ensure_future(batcher.infer(request(2, 7)))
+            behind = asyncio.ensure_future(batcher.infer(request(3, 7)))
+            await until(lambda: batcher.queue_depth == 2)
+            cancelled.cancel()
+            with pytest.raises(RequestCancelledError, match="sequence 7 was cancelled"):
+                await behind
+            instance.gate.set()
+            assert total(await running) == 1
+            with pytest.raises(InvalidInputError, match="sequence 7 to model 'acc' must specify the START flag"):
+                await batcher.infer(request(4, 7))
+        assert batcher.stats.failures_by_reason["CANCELED"] == 2
 
     run(scenario())

@@ -86,3 +86,27 @@ def test_instances_run_with_the_control_and_state_tensors_declared() -> None:
     running = execution_config(config())
     assert [tensor.name for tensor in running.input] == ["X", "READY", "END", "ID", "S_IN"]
     assert [tensor.name for tensor in running.output] == ["Y", "S_OUT"]
+
+
+@pytest.mark.parametrize(("corrid", "id_", "expected"), [
+    ("TYPE_INT32", 2**32 + 5, 5), ("TYPE_UINT32", 2**33 + 7, 7), ("TYPE_INT64", 2**64 - 1, -1),
+], ids=["int32", "uint32", "int64"])
+def test_an_integer_id_too_wide_for_the_corrid_type_keeps_its_low_bytes_as_in_triton(
+        corrid: str, id_: int, expected: int) -> None:
+    step = SequenceTensors(config(corrid=corrid), Path(".")).step(request(SequenceFlags(id_, True)), None)
+    assert step.inputs["ID"].tolist() == [[expected]]
+
+
+@pytest.mark.parametrize("corrid", ["TYPE_STRING", "TYPE_UINT64"])
+def test_a_null_request_copies_the_shapes_of_a_real_one_with_zeros_and_not_ready_controls(corrid: str) -> None:
+    tensors = SequenceTensors(config(corrid=corrid), Path("."))
+    real = tensors.step(request(SequenceFlags("s" if corrid == "TYPE_STRING" else 9, True)),
+                        {"S_IN": np.array([3.0, 4.0], dtype=np.float32)})
+    null = tensors.null(real)
+    assert {name: array.shape for name, array in null.inputs.items()} == {
+        name: array.shape for name, array in real.inputs.items()}
+    assert null.inputs["X"].tolist() == [[0.0, 0.0]] and null.inputs["S_IN"].tolist() == [[0.0, 0.0]]
+    assert null.inputs["READY"].tolist() == [[0.5]] and null.inputs["END"].tolist() == [[False]]
+    assert null.inputs["ID"].tolist() == ([[b""]] if corrid == "TYPE_STRING" else [[0]])
+    assert null.inputs["ID"].dtype == real.inputs["ID"].dtype
+    assert (null.sequence, null.parameters, null.rows) == (None, {}, 1)
