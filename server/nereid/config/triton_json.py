@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from nereid.config._walk import key_path, render
 from nereid.config.schema import (
     DynamicBatching,
+    EnsembleScheduling,
     InstanceGroup,
     ModelConfig,
     ModelInput,
@@ -95,7 +96,7 @@ _UNUSED_GROUP = {
     "host_policy": "",
     "rate_limiter": {"resources": [], "priority": 0},
 }
-_UNSUPPORTED = ("sequence_batching", "ensemble_scheduling")
+_UNSUPPORTED = ("sequence_batching",)
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -114,10 +115,13 @@ def to_triton_json(config: ModelConfig) -> dict[str, object]:
         "output": [_output(tensor) for tensor in config.output],
         "batch_input": [],
         "batch_output": [],
-        "optimization": copy.deepcopy(_OPTIMIZATION),
     }
+    if config.ensemble_scheduling is None:  # Triton fills no optimization for an ensemble
+        rendered["optimization"] = copy.deepcopy(_OPTIMIZATION)
     if config.dynamic_batching is not None:
         rendered["dynamic_batching"] = _dynamic_batching(config.dynamic_batching)
+    if config.ensemble_scheduling is not None:
+        rendered["ensemble_scheduling"] = _ensemble_scheduling(config.ensemble_scheduling)
     rendered.update(
         {
             "instance_group": [_instance_group(group) for group in config.instance_group],
@@ -131,6 +135,21 @@ def to_triton_json(config: ModelConfig) -> dict[str, object]:
         }
     )
     return rendered
+
+
+def _ensemble_scheduling(scheduling: EnsembleScheduling) -> dict[str, object]:
+    return {
+        "step": [
+            {
+                "model_name": step.model_name,
+                "model_version": step.model_version,
+                "input_map": dict(step.input_map),
+                "output_map": dict(step.output_map),
+                "model_namespace": "",
+            }
+            for step in scheduling.step
+        ]
+    }
 
 
 def _version_policy(policy: VersionPolicy) -> dict[str, object]:

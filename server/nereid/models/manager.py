@@ -97,7 +97,7 @@ class ModelManager:
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
-        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls)
+        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls, steps=self)
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}
@@ -109,6 +109,10 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
+        #: models loaded only as an ensemble's steps (unload_dependents unloads them)
+        self._implicit: set[str] = set()
+        #: ensemble -> the step model whose lock its load waits for (to see cycles)
+        self._waiting: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -271,14 +275,18 @@ class ModelManager:
         unloaded. Raises InvalidInputError for a name that is not a folder name (before
         any filesystem access), UnavailableError during shutdown, and ModelLoadError
         (``failed to load 'm', <why>``) when the model could not load; what served
-        before then keeps serving (see the class docstring).
+        before then keeps serving (see the class docstring). An ensemble's step models
+        that are not loaded load first (Triton's dependencies).
         """
+        self._implicit.discard(name)
         await self._load(name, config, startup=False)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload every version of a model: new requests are refused at once (404 "has no
         available versions"), requests already accepted finish, then the instances close.
-        Every version then reads UNAVAILABLE "unloaded". Unknown names are a no-op."""
+        Every version then reads UNAVAILABLE "unloaded". Unknown names are a no-op.
+        ``unload_dependents`` (an ensemble): then also unload the step models that were
+        loaded only for it and that no other loaded ensemble uses, as Triton does."""
         check_model_name(name)
         if name not in self._records:
             return
@@ -287,6 +295,12 @@ class ModelManager:
             self._refresh_latest(record)
             await asyncio.gather(*(self._retire(record, serving, keep_status=False) for serving in retiring.values()))
             record.all_unloaded()
+        if unload_dependents:
+            steps = {step for serving in retiring.values() for step in step_models(serving.config)}
+            used = {step for serving in self._latest.values() for step in step_models(serving.config)}
+            for step in sorted(steps & self._implicit - used):
+                self._implicit.discard(step)
+                await self.unload(step, unload_dependents=True)
 
     async def poll(self) -> Changes:
         """Look at the repository once (poll mode's step): fingerprint every model folder
@@ -371,7 +385,33 @@ class ModelManager:
                 if startup or record.statuses or is_model:
                     record.source_failed(source.missing_versions, reason)
                 raise ModelLoadError(name, f"failed to load '{name}', {reason}", str(source.path))
+            if source.config.ensemble_scheduling is not None:
+                await self._load_steps(name, source.config, startup)
             await self._load_versions(record, source)
+
+    async def _load_steps(self, name: str, config: ModelConfig, startup: bool) -> None:
+        """Load the step models of ensemble ``name`` that no one loaded (or is loading:
+        their load is waited for). A step model that failed to load at start-up is not
+        tried again; one whose load would wait for this ensemble (a cycle) is left out:
+        the ensemble's load then fails, naming it."""
+        for step in step_models(config):
+            holder = step
+            while holder in self._waiting:
+                holder = self._waiting[holder]
+            if holder == name or step == name:
+                _log.error("circular dependency between ensembles: '%s' and '%s' use each other as steps", name, step)
+                continue
+            if step in self._latest:
+                continue
+            self._waiting[name] = step
+            try:
+                async with self._locked(step) as record:  # waits for a load under way
+                    known, attempted = bool(record.serving), bool(record.statuses or record.reason)
+                if not known and not (startup and attempted):
+                    self._implicit.add(step)
+                    await self._load_logged(step, startup=startup)
+            finally:
+                del self._waiting[name]
 
     async def _load_versions(self, record: ModelRecord, source: ModelSource) -> None:
         """Load the selected versions while the old ones serve; swap or roll back."""
@@ -437,6 +477,12 @@ class ModelManager:
             self._latest[record.name] = record.serving[max(record.serving)]
         else:
             self._latest.pop(record.name, None)
+
+
+def step_models(config: ModelConfig) -> list[str]:
+    """The models an ensemble's steps run, each once, in step order ([] for a model)."""
+    scheduling = config.ensemble_scheduling
+    return list(dict.fromkeys(step.model_name for step in scheduling.step)) if scheduling is not None else []
 
 
 def _with_reason(message: str, reason: str) -> str:
