@@ -100,7 +100,8 @@ def _check_steps(config: ModelConfig, source: str) -> dict[str, int]:
 
 def _check_dataflow(config: ModelConfig, source: str, writers: dict[str, int]) -> None:
     """Every input feeds a step, every output is written by a step the inputs reach (no
-    cycle stops it), and every tensor a step writes is read by a step or is an output."""
+    cycle stops it), and every tensor a step writes is reached and is read by a step or is
+    an output."""
     assert config.ensemble_scheduling is not None
     steps = config.ensemble_scheduling.step
     read = {tensor for step in steps for tensor in step.input_map.values()}
@@ -126,7 +127,7 @@ def _check_dataflow(config: ModelConfig, source: str, writers: dict[str, int]) -
             _fail(source, "output", f"output '{output.name}' for ensemble '{config.name}' is not written: "
                   f"{_why_not_ready(list(steps[writers[output.name]].input_map.values()), steps, writers, ready)}")
     for written, index in writers.items():
-        if written not in read and written not in config.outputs_by_name:
+        if written not in ready or (written not in read and written not in config.outputs_by_name):
             _fail(source, f"ensemble_scheduling.step[{index}].output_map",
                   f"ensemble tensor '{written}' is unused in ensemble '{config.name}'")
 

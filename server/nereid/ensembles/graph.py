@@ -16,7 +16,7 @@ from nereid.config.schema import EnsembleStep, ModelConfig, ModelInput, ModelOut
 from nereid.datatypes import DataType
 from nereid.tensors.checks import dims_text
 
-__all__ = ["ensemble_problem", "shapes_match"]
+__all__ = ["decoupled_problem", "ensemble_problem", "shapes_match"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ def ensemble_problem(config: ModelConfig, steps: Sequence[ModelConfig]) -> str |
         problem = _mapping_problem(name, step, step_config, tensors)
         if problem is not None:
             return problem
-    return None
+    return decoupled_problem(config, steps)[0]
 
 
 def _mapping_problem(
@@ -77,10 +77,34 @@ def _mapping_problem(
         problem = _consistency(prefix, tensor, _node(model, config.max_batch_size, output), tensors)
         if problem is not None:
             return problem
-    if config.decoupled:
-        return (f"{prefix}step model '{model}' is decoupled: nereid runs only models that give one response "
-                "per request as ensemble steps")
     return None
+
+
+def decoupled_problem(config: ModelConfig, steps: Sequence[ModelConfig]) -> tuple[str | None, bool]:
+    """Triton's rule for decoupled steps: each response of a decoupled step runs the steps
+    after it once more, so every step's inputs must come from one flow (the ensemble's
+    inputs, or one decoupled step's responses). Returns (why not, in Triton's words, or
+    None; whether the ensemble is decoupled: a step of it is)."""
+    assert config.ensemble_scheduling is not None
+    labels = {tensor.name: 0 for tensor in config.input}  # the flow each tensor comes from
+    waiting = list(zip(config.ensemble_scheduling.step, steps))
+    fresh = 0
+    while waiting:
+        ready = [(s, c) for s, c in waiting if all(t in labels for t in s.input_map.values())]
+        if not ready:  # pragma: no cover - the config's own check refuses what never runs
+            break
+        for step, step_config in ready:
+            waiting.remove((step, step_config))
+            flows = {labels[tensor] for tensor in step.input_map.values()}
+            if len(flows) > 1:
+                return (f"in ensemble '{config.name}', step of model '{step.model_name}' receives inputs originated "
+                        "from different decoupled models"), False
+            label = flows.pop()
+            if step_config.decoupled:
+                fresh += 1
+                label = fresh
+            labels.update((tensor, label) for tensor in step.output_map.values())
+    return None, fresh > 0
 
 
 def _node(model: str, max_batch_size: int, io: ModelInput | ModelOutput) -> _Tensor:

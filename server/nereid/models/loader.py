@@ -9,6 +9,7 @@ tests give it a stub ``Loader`` instead. User code never runs on the event loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import operator
 import time
@@ -18,9 +19,9 @@ from typing import Callable, Protocol, Sequence
 from nereid.tensors.assembly import request_cost, signature_function
 from nereid.scheduling.batcher import DynamicBatcher, Instance
 from nereid.config import to_triton_json
-from nereid.config.schema import ModelConfig
+from nereid.config.schema import ModelConfig, ModelTransactionPolicy
 from nereid.context import ModelContext
-from nereid.ensembles import EnsembleScheduler, StepModels, ensemble_problem
+from nereid.ensembles import EnsembleScheduler, StepModels, decoupled_problem, ensemble_problem
 from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
@@ -145,6 +146,8 @@ class ModelLoader:
         mismatch = ensemble_problem(config, step_configs)
         if mismatch is not None:
             raise ModelLoadError(source.name, mismatch, str(source.path))
+        if decoupled_problem(config, step_configs)[1]:  # as Triton: a decoupled step makes it decoupled
+            config = dataclasses.replace(config, model_transaction_policy=ModelTransactionPolicy(decoupled=True))
         stats = ModelStats(source.name, version.version)
         scheduler = EnsembleScheduler(config, self.steps, stats)
         return ServingModel(source.name, version.version, config, to_triton_json(config), stats, scheduler, (), None)

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from nereid.config import ModelConfig, parse_model_config
-from nereid.ensembles.graph import ensemble_problem, shapes_match
+from nereid.ensembles.graph import decoupled_problem, ensemble_problem, shapes_match
 
 pytestmark = pytest.mark.unit
 
@@ -80,9 +80,6 @@ def test_a_non_batching_step_fits_when_its_shape_is_the_batched_one() -> None:
         pytest.param(STEP.replace("dims = [4]", "dims = [5]"),
                      "in ensemble 'ens', ensemble tensor 'IN': inconsistent shape: [-1,4] is inferred from model 'ens' "
                      "while [-1,5] is inferred from model 'step'", id="shape"),
-        pytest.param(STEP + "[model_transaction_policy]\ndecoupled = true\n",
-                     "in ensemble 'ens', step model 'step' is decoupled: nereid runs only models that give one "
-                     "response per request as ensemble steps", id="decoupled"),
     ],
 )
 def test_a_step_that_does_not_fit_is_named_with_tritons_words(step: str, message: str) -> None:
@@ -92,3 +89,28 @@ def test_a_step_that_does_not_fit_is_named_with_tritons_words(step: str, message
 def test_an_optional_input_may_be_left_unmapped() -> None:
     optional = '[[input]]\nname = "B"\ndata_type = "FP32"\ndims = [4]\noptional = true\n[[output]]'
     assert problem(STEP.replace("[[output]]", optional)) is None
+
+
+#: IN -> first -> T; (IN, T) -> second -> OUT: second reads two flows when first is decoupled
+TWO_FLOWS = ENSEMBLE.replace('output_map = { Y = "OUT" }', 'output_map = { Y = "T" }') + """
+[[ensemble_scheduling.step]]
+model_name = "second"
+input_map = { X = "IN", X2 = "T" }
+output_map = { Y = "OUT" }
+"""
+SECOND = STEP.replace("[[output]]", '[[input]]\nname = "X2"\ndata_type = "FP32"\ndims = [-1]\n[[output]]')
+DECOUPLED = "[model_transaction_policy]\ndecoupled = true\n"
+
+
+def test_a_decoupled_step_makes_the_ensemble_decoupled() -> None:
+    ensemble = config(ENSEMBLE, "ens")
+    assert decoupled_problem(ensemble, [config(STEP + DECOUPLED, "step")]) == (None, True)
+    assert decoupled_problem(ensemble, [config(STEP, "step")]) == (None, False)
+
+
+def test_a_step_reading_two_flows_is_refused_as_triton_refuses_it() -> None:
+    ensemble = config(TWO_FLOWS, "ens")
+    steps = [config(STEP + DECOUPLED, "step"), config(SECOND, "second")]
+    assert ensemble_problem(ensemble, steps) == (
+        "in ensemble 'ens', step of model 'second' receives inputs originated from different decoupled models")
+    assert ensemble_problem(ensemble, [config(STEP, "step"), config(SECOND, "second")]) is None

@@ -77,6 +77,7 @@ class FakeStep:
         self.gate: asyncio.Event | None = None
         self.error: NereidError | None = None
         self.requests: list[InferRequest] = []
+        self.responses: list[float] = []
 
     async def infer(self, request: InferRequest, received_ns: int | None = None) -> dict[str, np.ndarray]:
         self.requests.append(request)
@@ -86,6 +87,12 @@ class FakeStep:
         if self.error is not None:
             raise self.error
         return {"Y": sum(request.inputs.values()) + self.add}
+
+    async def stream(self, request: InferRequest, received_ns: int | None = None) -> Any:
+        """A decoupled step: one response per ``responses`` entry, ``Y`` = X + entry."""
+        self.requests.append(request)
+        for add in self.responses:
+            yield {"Y": request.inputs["X"] + add}
 
 
 class Models:
@@ -224,3 +231,57 @@ def test_a_closed_scheduler_refuses_new_requests() -> None:
     run(scheduler.aclose())
     with pytest.raises(NereidError, match="model 'ens' was unloaded"):
         run(scheduler.infer(request(1)))
+
+
+#: IN -> gen (decoupled) -> G -> post -> OUT
+STREAMING = """
+platform = "ensemble"
+max_batch_size = 4
+[[input]]
+name = "IN"
+data_type = "FP32"
+dims = [-1]
+[[output]]
+name = "OUT"
+data_type = "FP32"
+dims = [-1]
+[[ensemble_scheduling.step]]
+model_name = "gen"
+input_map = { X = "IN" }
+output_map = { Y = "G" }
+[[ensemble_scheduling.step]]
+model_name = "post"
+input_map = { X = "G" }
+output_map = { Y = "OUT" }
+"""
+
+
+def test_each_response_of_a_decoupled_step_runs_the_steps_after_it_and_is_a_response() -> None:
+    gen = FakeStep("gen", 0, extra="[model_transaction_policy]\ndecoupled = true")
+    gen.responses = [1, 2, 3]
+    post = FakeStep("post", 100)
+    stats = ModelStats("ens", 1)
+    scheduler = EnsembleScheduler(config(STREAMING, "ens"), Models(gen, post), stats)
+
+    async def collect() -> list[list[list[float]]]:
+        return [outputs["OUT"].tolist() async for outputs in scheduler.stream(request(0))]
+
+    assert run(collect()) == [[[101.0]], [[102.0]], [[103.0]]]
+    assert len(post.requests) == 3
+    assert stats.snapshot()["inference_stats"]["success"]["count"] == 1
+
+
+def test_leaving_a_stream_early_counts_the_request_canceled() -> None:
+    gen = FakeStep("gen", 0, extra="[model_transaction_policy]\ndecoupled = true")
+    gen.responses = [1, 2, 3]
+    stats = ModelStats("ens", 1)
+    scheduler = EnsembleScheduler(config(STREAMING, "ens"), Models(gen, FakeStep("post", 100)), stats)
+
+    async def first() -> list[list[float]]:
+        steps = scheduler.stream(request(0))
+        outputs = await anext(steps)
+        await steps.aclose()
+        return outputs["OUT"].tolist()  # type: ignore[no-any-return]
+
+    assert run(first()) == [[101.0]]
+    assert stats.failures_by_reason["CANCELED"] == 1
