@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import queue
 import urllib.request
 from pathlib import Path
 
@@ -280,3 +281,40 @@ def test_an_ensemble_config_with_an_unused_input_is_refused_naming_it(repo: Repo
     rows = {row["name"]: row for row in index_of(server)}
     assert rows["unused"]["state"] == "UNAVAILABLE"
     assert "ensemble input 'EXTRA' for ensemble 'unused' is not used" in rows["unused"]["reason"]
+
+
+#: a decoupled step: one response per count up to X's first element
+COUNTER = """
+import numpy as np
+
+
+class Model:
+    def infer(self, inputs):
+        for step in range(1, int(inputs["X"].max()) + 1):
+            yield {"Y": np.full_like(inputs["X"], step)}
+"""
+
+STREAMING = ENSEMBLE.replace('model_name = "pre"', 'model_name = "counter"').replace(
+    '[[output]]\nname = "SCALED"\ndata_type = "TYPE_FP32"\ndims = [4]\n', "")
+
+
+def test_a_decoupled_step_streams_one_ensemble_response_per_step_response_over_grpc(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
+    """counter (decoupled: 3 responses) -> middle -> post: three ensemble responses, and
+    the ensemble's config says decoupled, as Triton's does."""
+    chain(repo)
+    repo.add("counter", STEP_CONFIG.format(delay=0) + "[model_transaction_policy]\ndecoupled = true\n", COUNTER,
+             version=1)
+    repo.add("streaming", STREAMING, model=None, version=1)
+    server = serve(repo.root)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.get_model_config("streaming", as_json=True)["config"]["model_transaction_policy"]["decoupled"]
+    results: queue.Queue = queue.Queue()  # type: ignore[type-arg]
+    client.start_stream(lambda result, error: results.put((result, error)))
+    infer_input = grpcclient.InferInput("RAW", [1, 4], "FP32")
+    infer_input.set_data_from_numpy(np.full((1, 4), 3, dtype=np.float32))
+    client.async_stream_infer("streaming", [infer_input])
+    answers = [results.get(timeout=60) for _ in range(3)]
+    client.stop_stream()
+    assert [error for _, error in answers] == [None, None, None]
+    assert [result.as_numpy("RESULT")[0, 0] for result, _ in answers] == [(k + 1) * 10 for k in (1, 2, 3)]
+    assert stats_of(server, "middle")["inference_count"] == 3
