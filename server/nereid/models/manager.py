@@ -17,6 +17,7 @@ from typing import AsyncIterator, Iterable, Mapping, Sequence
 from nereid.config.schema import ModelConfig
 from nereid.errors import ModelLoadError, ModelNotFoundError, ModelNotReadyError, NereidError, UnavailableError
 from nereid.repository.model_file import describe_exception
+from nereid.models.dependencies import Dependencies
 from nereid.models.loader import Loader, ModelLoader
 from nereid.models.states import (
     LOADING,
@@ -109,10 +110,7 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
-        #: models loaded only as an ensemble's steps (unload_dependents unloads them)
-        self._implicit: set[str] = set()
-        #: ensemble -> the step model whose lock its load waits for (to see cycles)
-        self._waiting: dict[str, str] = {}
+        self._dependencies = Dependencies()  # ensembles' step models
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -278,7 +276,7 @@ class ModelManager:
         before then keeps serving (see the class docstring). An ensemble's step models
         that are not loaded load first (Triton's dependencies).
         """
-        self._implicit.discard(name)
+        self._dependencies.implicit.discard(name)
         await self._load(name, config, startup=False)
 
     async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
@@ -296,10 +294,7 @@ class ModelManager:
             await asyncio.gather(*(self._retire(record, serving, keep_status=False) for serving in retiring.values()))
             record.all_unloaded()
         if unload_dependents:
-            steps = {step for serving in retiring.values() for step in step_models(serving.config)}
-            used = {step for serving in self._latest.values() for step in step_models(serving.config)}
-            for step in sorted(steps & self._implicit - used):
-                self._implicit.discard(step)
+            for step in self._dependencies.dependents(retiring.values(), self._latest.values()):
                 await self.unload(step, unload_dependents=True)
 
     async def poll(self) -> Changes:
@@ -386,32 +381,9 @@ class ModelManager:
                     record.source_failed(source.missing_versions, reason)
                 raise ModelLoadError(name, f"failed to load '{name}', {reason}", str(source.path))
             if source.config.ensemble_scheduling is not None:
-                await self._load_steps(name, source.config, startup)
+                await self._dependencies.load_steps(name, source.config, startup=startup, serving=self._latest,
+                                                    locked=self._locked, load=self._load_logged)
             await self._load_versions(record, source)
-
-    async def _load_steps(self, name: str, config: ModelConfig, startup: bool) -> None:
-        """Load the step models of ensemble ``name`` that no one loaded (or is loading:
-        their load is waited for). A step model that failed to load at start-up is not
-        tried again; one whose load would wait for this ensemble (a cycle) is left out:
-        the ensemble's load then fails, naming it."""
-        for step in step_models(config):
-            holder = step
-            while holder in self._waiting:
-                holder = self._waiting[holder]
-            if holder == name or step == name:
-                _log.error("circular dependency between ensembles: '%s' and '%s' use each other as steps", name, step)
-                continue
-            if step in self._latest:
-                continue
-            self._waiting[name] = step
-            try:
-                async with self._locked(step) as record:  # waits for a load under way
-                    known, attempted = bool(record.serving), bool(record.statuses or record.reason)
-                if not known and not (startup and attempted):
-                    self._implicit.add(step)
-                    await self._load_logged(step, startup=startup)
-            finally:
-                del self._waiting[name]
 
     async def _load_versions(self, record: ModelRecord, source: ModelSource) -> None:
         """Load the selected versions while the old ones serve; swap or roll back."""
@@ -477,12 +449,6 @@ class ModelManager:
             self._latest[record.name] = record.serving[max(record.serving)]
         else:
             self._latest.pop(record.name, None)
-
-
-def step_models(config: ModelConfig) -> list[str]:
-    """The models an ensemble's steps run, each once, in step order ([] for a model)."""
-    scheduling = config.ensemble_scheduling
-    return list(dict.fromkeys(step.model_name for step in scheduling.step)) if scheduling is not None else []
 
 
 def _with_reason(message: str, reason: str) -> str:
