@@ -318,3 +318,31 @@ def test_a_decoupled_step_streams_one_ensemble_response_per_step_response_over_g
     assert [error for _, error in answers] == [None, None, None]
     assert [result.as_numpy("RESULT")[0, 0] for result, _ in answers] == [(k + 1) * 10 for k in (1, 2, 3)]
     assert stats_of(server, "middle")["inference_count"] == 3
+
+
+def test_ensemble_inputs_and_outputs_travel_through_shared_memory(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    import tritonclient.utils.shared_memory as shm
+
+    server = serve(chain(repo))
+    client = httpclient.InferenceServerClient(server.url)
+    suffix = uuid.uuid4().hex[:8]
+    in_handle = shm.create_shared_memory_region(f"ens_in_{suffix}", f"/ens_in_{suffix}", 16)
+    out_handle = shm.create_shared_memory_region(f"ens_out_{suffix}", f"/ens_out_{suffix}", 16)
+    try:
+        raw = np.arange(4, dtype=np.float32).reshape(1, 4)
+        shm.set_shared_memory_region(in_handle, [raw])
+        client.register_system_shared_memory("ens_in", f"/ens_in_{suffix}", 16)
+        client.register_system_shared_memory("ens_out", f"/ens_out_{suffix}", 16)
+        infer_input = httpclient.InferInput("RAW", [1, 4], "FP32")
+        infer_input.set_shared_memory("ens_in", 16)
+        requested = httpclient.InferRequestedOutput("RESULT", binary_data=True)
+        requested.set_shared_memory("ens_out", 16)
+        result = client.infer("chain", [infer_input], outputs=[requested])
+        assert result.get_output("RESULT") == {"name": "RESULT", "datatype": "FP32", "shape": [1, 4]}
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1, 4]), expected(raw))
+    finally:
+        client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(in_handle)
+        shm.destroy_shared_memory_region(out_handle)
