@@ -146,8 +146,9 @@ class ModelLoader:
         mismatch = ensemble_problem(config, step_configs)
         if mismatch is not None:
             raise ModelLoadError(source.name, mismatch, str(source.path))
-        if decoupled_problem(config, step_configs)[1]:  # as Triton: a decoupled step makes it decoupled
-            config = dataclasses.replace(config, model_transaction_policy=ModelTransactionPolicy(decoupled=True))
+        decoupled = decoupled_problem(config, step_configs)[1]
+        if decoupled != config.decoupled:  # as Triton sets it: decoupled when a step is
+            config = dataclasses.replace(config, model_transaction_policy=ModelTransactionPolicy(decoupled=decoupled))
         stats = ModelStats(source.name, version.version)
         scheduler = EnsembleScheduler(config, self.steps, stats)
         return ServingModel(source.name, version.version, config, to_triton_json(config), stats, scheduler, (), None)
