@@ -78,7 +78,8 @@ REPO_FORMAT = "toml"
 #: stats and config endpoints (which show the isolation). test_process_*.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
-    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_generate.py",
+    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_ensembles.py",
+    "test_generate.py",
     "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
@@ -89,7 +90,7 @@ ISOLATION_SENSITIVE = frozenset({
 #: reasons, the batching, decoupled and instance-group settings, and nereid's own keys
 #: (isolation, input_tensors, max_concurrent_batches, warmup), which pbtxt carries as parameters.
 CONFIG_FORMAT_SENSITIVE = frozenset({
-    "test_batching_http.py", "test_device_tensors.py", "test_endpoints.py", "test_generate.py",
+    "test_batching_http.py", "test_device_tensors.py", "test_endpoints.py", "test_ensembles.py", "test_generate.py",
     "test_model_control.py", "test_process_features.py", "test_process_instances.py", "test_sequences.py",
     "test_several_repositories.py", "test_triton_models.py", "test_unavailable_reasons.py",
 })
@@ -179,6 +180,8 @@ def with_isolation(config: str, model: str) -> str:
     try:
         data = tomllib.loads(config)
     except tomllib.TOMLDecodeError:
+        return config
+    if data.get("platform") == "ensemble":  # an ensemble has no instances (its steps' models do)
         return config
     groups = data.get("instance_group")
     if groups is None:  # appended as a new top-level array of tables: valid after any table

@@ -5,6 +5,7 @@ responses, statistics, request parameters, both protocols)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -217,3 +218,32 @@ def test_the_decoupled_example_in_a_process_instance(tmp_path: Path) -> None:
         assert config_json["parameters"]["instance_group.squares.isolation"] == {"string_value": "process"}
     finally:
         server.stop()
+
+
+def test_tritons_qa_ensemble_of_python_models_passes_its_stock_test(tmp_path: Path) -> None:
+    """Triton's qa ensemble of two add_sub Python models (qa/L0_backend_python/ensemble),
+    laid out as its test.sh lays it out, passes its own ensemble_test.py unchanged (its CPU
+    test, as test.sh runs it where there is no GPU). TEST_JETSON=1 is the script's own
+    switch that skips its probe of Triton's Python-backend shared-memory regions, which
+    need Triton's triton_shm_monitor module; nereid has no such regions."""
+    qa = TRITON_EXAMPLES / "qa"
+    models = tmp_path / "models"
+    (models / "ensemble" / "1").mkdir(parents=True)
+    shutil.copy(qa / "python_models" / "ensemble" / "config.pbtxt", models / "ensemble")
+    for name in ("add_sub_1", "add_sub_2"):
+        (models / name / "1").mkdir(parents=True)
+        shutil.copy(qa / "python_models" / "add_sub" / "config.pbtxt", models / name)
+        shutil.copy(qa / "python_models" / "add_sub" / "model.py", models / name / "1")
+    server = start_server(models, log_dir=tmp_path)
+    try:
+        assert server.grpc_port is not None
+        test_dir = qa / "L0_backend_python" / "ensemble"
+        result = subprocess.run(
+            [sys.executable, str(RUN_CLIENT), str(server.port), str(server.grpc_port), "ensemble_test.py",
+             "EnsembleTest.test_ensemble"],
+            capture_output=True, text=True, timeout=120, cwd=test_dir, env={**os.environ, "TEST_JETSON": "1"},
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Ran 1 test" in result.stderr and "OK" in result.stderr

@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from nereid.config._rules import check_rules
+from nereid.config.ensemble import ENSEMBLE_KEYS, check_ensemble_config, parse_ensemble_scheduling
 from nereid.config._walk import Table
 from nereid.config.sequence_batching import SEQUENCE_BATCHING_KEYS, check_sequence_batching, parse_sequence_batching
 from nereid.config.schema import (
+    ENSEMBLE_PLATFORM,
     DynamicBatching,
     InstanceGroup,
     ModelConfig,
@@ -43,6 +45,7 @@ _TOP_KEYS = (
     "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
     "output", "dynamic_batching", "sequence_batching", "instance_group", "default_model_filename", "parameters",
     "model_transaction_policy", "model_warmup", "execution_timeout_ms", "input_tensors",
+    "ensemble_scheduling",
 )  # fmt: skip
 _VERSION_POLICY_KEYS = ("latest", "all", "specific")
 _INPUT_KEYS = (
@@ -106,15 +109,20 @@ def _parse(
 ) -> ModelConfig:
     root = Table(source, "", data, _TOP_KEYS, json_form=json_form)
     name = root.string("name", folder_name)
-    backend = root.string("backend", "python")
-    if backend != "python":
+    platform = root.string("platform", "")
+    ensemble = platform == ENSEMBLE_PLATFORM  # an ensemble runs other models: no backend of its own
+    backend = root.string("backend", "" if ensemble else "python")
+    if backend != "python" and not ensemble:
         root.fail("backend", '"python" (the only backend nereid serves)', backend)
+    if backend and ensemble:
+        root.fail("backend", f'nothing (platform "{ENSEMBLE_PLATFORM}" runs its steps\' models)', backend)
+    scheduling = root.table("ensemble_scheduling", ENSEMBLE_KEYS)
     dynamic_batching = root.table("dynamic_batching", _DYNAMIC_BATCHING_KEYS)
     policy = root.table("model_transaction_policy", ("decoupled",))
     sequence_batching = root.table("sequence_batching", SEQUENCE_BATCHING_KEYS)
     config = ModelConfig(
         name=name,
-        platform=root.string("platform", ""),
+        platform=platform,
         backend=backend,
         runtime=root.string("runtime", ""),
         version_policy=_version_policy(root.table("version_policy", _VERSION_POLICY_KEYS)),
@@ -124,8 +132,8 @@ def _parse(
         dynamic_batching=None if dynamic_batching is None else _dynamic(dynamic_batching),
         sequence_batching=None if sequence_batching is None else parse_sequence_batching(
             sequence_batching, root.integer("max_batch_size", 0, minimum=0)),
-        instance_group=_instance_groups(root, name),
-        default_model_filename=root.string("default_model_filename", "model.py"),
+        instance_group=() if ensemble else _instance_groups(root, name),
+        default_model_filename=root.string("default_model_filename", "" if ensemble else "model.py"),
         parameters=_parameters(root.table("parameters", None)),
         # Always present: Triton's python backend sets it, so /config shows it either way.
         model_transaction_policy=ModelTransactionPolicy(
@@ -134,9 +142,11 @@ def _parse(
         model_warmup=tuple(_warmup(t) for t in root.tables("model_warmup", _WARMUP_KEYS)),
         execution_timeout_ms=root.integer("execution_timeout_ms", 0, minimum=0),
         input_tensors=_input_tensors(root),
+        ensemble_scheduling=None if scheduling is None else parse_ensemble_scheduling(scheduling),
     )
     check_rules(config, source=source, folder_name=folder_name)
     check_sequence_batching(config, source)
+    check_ensemble_config(config, source=source, has_instance_group=bool(root.raw("instance_group")))
     return config
 
 

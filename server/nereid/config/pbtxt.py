@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nereid.config.load import config_from_triton_json
-from nereid.config.schema import ModelConfig
+from nereid.config.schema import ENSEMBLE_PLATFORM, ModelConfig
 from nereid.config.triton_json import toml_shaped
 from nereid.errors import ConfigError
 
@@ -57,15 +57,15 @@ def load_pbtxt_config(
 ) -> ModelConfig:
     """Read and validate one config.pbtxt (``data``: its fields, already read, or completed
     by the model's ``auto_complete_config``; ``source`` then names where they came from).
-    ``backend: "python"`` is required."""
+    ``backend: "python"`` is required, but for ``platform: "ensemble"``."""
     source = source or str(path)
     if data is None:
         data = read_pbtxt(path)
     backend = data.get("backend")
-    if backend != "python":
+    if backend != "python" and not (data.get("platform") == ENSEMBLE_PLATFORM and not backend):
         got = f'"{backend}"' if backend else (f'platform "{data["platform"]}"' if data.get("platform") else "nothing")
         raise ConfigError(
-            source, "backend", expected='"python" (nereid serves Triton Python-backend models only)', got=got
+            source, "backend", expected='"python" (nereid serves Triton Python-backend models and ensembles only)', got=got
         )
     return config_from_triton_json(data, source=source, folder_name=folder_name)
 

@@ -28,7 +28,13 @@ __all__ = [
     "SequenceInitialState",
     "SequenceState",
     "SequenceStrategy",
+    "EnsembleStep",
+    "EnsembleScheduling",
+    "ENSEMBLE_PLATFORM",
 ]
+
+#: The ``platform`` of an ensemble (a model whose ``ensemble_scheduling`` runs other models).
+ENSEMBLE_PLATFORM = "ensemble"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,26 @@ class SequenceBatching:
 
 
 @dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One ``[[ensemble_scheduling.step]]``: a model run with ensemble tensors as inputs.
+    ``input_map``: the step model's input -> the ensemble tensor it reads; ``output_map``:
+    the step model's output -> the ensemble tensor it writes. ``model_version`` -1: the
+    model's latest READY version at each request."""
+
+    model_name: str
+    model_version: int = -1
+    input_map: Mapping[str, str] = field(default_factory=dict)
+    output_map: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleScheduling:
+    """``[ensemble_scheduling]`` of a ``platform = "ensemble"`` model."""
+
+    step: tuple[EnsembleStep, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A whole model config, validated. Defaults are Triton's."""
 
@@ -242,6 +268,8 @@ class ModelConfig:
     #: nereid extension: how ``infer`` gets its inputs: ``"numpy"`` arrays, or ``"torch"``
     #: tensors already on the instance's device (device_tensors.py).
     input_tensors: str = "numpy"
+    #: set (only) for ``platform = "ensemble"``: the steps (ensembles/ runs them).
+    ensemble_scheduling: EnsembleScheduling | None = None
 
     # Derived once (plain attributes: read per request without a call).
     #: model_transaction_policy.decoupled

@@ -14,6 +14,7 @@ from nereid.config._walk import key_path, render
 from nereid.config.sequence_batching import render_sequence_batching
 from nereid.config.schema import (
     DynamicBatching,
+    EnsembleScheduling,
     InstanceGroup,
     ModelConfig,
     ModelInput,
@@ -96,7 +97,6 @@ _UNUSED_GROUP = {
     "host_policy": "",
     "rate_limiter": {"resources": [], "priority": 0},
 }
-_UNSUPPORTED = ("ensemble_scheduling",)
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -115,12 +115,15 @@ def to_triton_json(config: ModelConfig) -> dict[str, object]:
         "output": [_output(tensor) for tensor in config.output],
         "batch_input": [],
         "batch_output": [],
-        "optimization": copy.deepcopy(_OPTIMIZATION),
     }
+    if config.ensemble_scheduling is None:  # Triton fills no optimization for an ensemble
+        rendered["optimization"] = copy.deepcopy(_OPTIMIZATION)
     if config.dynamic_batching is not None:
         rendered["dynamic_batching"] = _dynamic_batching(config.dynamic_batching)
     if config.sequence_batching is not None:
         rendered["sequence_batching"] = render_sequence_batching(config.sequence_batching)
+    if config.ensemble_scheduling is not None:
+        rendered["ensemble_scheduling"] = _ensemble_scheduling(config.ensemble_scheduling)
     rendered.update(
         {
             "instance_group": [_instance_group(group) for group in config.instance_group],
@@ -134,6 +137,21 @@ def to_triton_json(config: ModelConfig) -> dict[str, object]:
         }
     )
     return rendered
+
+
+def _ensemble_scheduling(scheduling: EnsembleScheduling) -> dict[str, object]:
+    return {
+        "step": [
+            {
+                "model_name": step.model_name,
+                "model_version": step.model_version,
+                "input_map": dict(step.input_map),
+                "output_map": dict(step.output_map),
+                "model_namespace": "",
+            }
+            for step in scheduling.step
+        ]
+    }
 
 
 def _version_policy(policy: VersionPolicy) -> dict[str, object]:
@@ -274,10 +292,6 @@ def toml_shaped(obj: object, *, source: str, folder_name: str = "") -> dict[str,
         raise ConfigError(source, "", expected="a JSON object", got=render(obj))
     data = _without_nulls(obj)
     assert isinstance(data, dict)
-    for key in _UNSUPPORTED:
-        if key in data:
-            detail = "not supported by nereid (dynamic_batching is its only scheduler)"
-            raise ConfigError(source, key, detail=detail)
     _drop_unused(data, "", _UNUSED_TOP, source)
     for section, unused in (
         ("input", _UNUSED_IO),

@@ -149,7 +149,7 @@ class InferEndpoint:
         started.task = task
         self._decoding.add(task)
         task.add_done_callback(self._decoding.discard)
-        return started  # type: ignore[return-value]  # a Ticket look-alike
+        return started  # a Ticket (it has withdraw())
 
     async def _decode_heavy(
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,

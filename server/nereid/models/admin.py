@@ -200,6 +200,5 @@ async def unload_model(
             f"unload of model '{name}': parameter 'unload_dependents': expected a boolean, "
             f"got {type(parameters['unload_dependents']).__name__}"
         )
-    # unload_dependents is accepted and has nothing to do: nereid has no ensembles.
-    await manager.unload(name)
+    await manager.unload(name, unload_dependents=parameters.get("unload_dependents") is True)
 

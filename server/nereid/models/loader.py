@@ -21,8 +21,9 @@ from nereid.scheduling.batcher import DynamicBatcher, Instance
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors, execution_config
 from nereid.config import to_triton_json
-from nereid.config.schema import ModelConfig
+from nereid.config.schema import ModelConfig, ModelTransactionPolicy
 from nereid.context import ModelContext
+from nereid.ensembles import EnsembleScheduler, StepModels, decoupled_problem, ensemble_problem
 from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
@@ -55,9 +56,11 @@ class Loader(Protocol):
 class ModelLoader:
     """The real Loader: model files from the repository, instances on their devices."""
 
-    def __init__(self, bls: BlsTarget | None = None) -> None:
-        """``bls``: where its Triton models' BLS requests go (None: BLS not available)."""
+    def __init__(self, bls: BlsTarget | None = None, steps: StepModels | None = None) -> None:
+        """``bls``: where its Triton models' BLS requests go (None: BLS not available);
+        ``steps``: where its ensembles find their steps' models (None: no ensembles)."""
         self.bls = bls
+        self.steps = steps
         self._gpus = GpuInventory()
         #: this server's log of model-code failures (each traceback once, repeats counted)
         self.faults = FaultLog()
@@ -75,6 +78,8 @@ class ModelLoader:
         taking traffic. Raises ModelLoadError with the reason (naming file and key); on
         any failure or cancellation whatever was started is closed again."""
         assert source.config is not None
+        if source.config.ensemble_scheduling is not None:
+            return self._load_ensemble(source, version)
         name = source.name
         instances: list[ModelInstance | ProcessInstance] = []
         model_class: ModelClass | None = None
@@ -131,6 +136,35 @@ class ModelLoader:
             name, version.version, config, config_json, stats, batcher, tuple(instances), model_class, labels
         )
 
+    def _load_ensemble(self, source: ModelSource, version: VersionSource) -> ServingModel:
+        """An ensemble version: its steps' models must serve and fit its config now (they
+        are looked up again per request)."""
+        config = source.config
+        assert config is not None and config.ensemble_scheduling is not None
+        if self.steps is None:
+            raise ModelLoadError(source.name, f"ensemble '{source.name}': this server runs no ensembles")
+        step_configs = []
+        for step in config.ensemble_scheduling.step:
+            wanted = None if step.model_version == -1 else step.model_version
+            try:
+                step_configs.append(self.steps.get(step.model_name, wanted).config)
+            except NereidError as exc:
+                if wanted is None:
+                    problem = f"ensemble '{source.name}' depends on '{step.model_name}' which has no loaded version"
+                else:
+                    problem = (f"ensemble '{source.name}' depends on '{step.model_name}' whose required version "
+                               f"{wanted} is not loaded")
+                raise ModelLoadError(source.name, f"{problem}: {exc.message}", str(source.path)) from exc
+        mismatch = ensemble_problem(config, step_configs)
+        if mismatch is not None:
+            raise ModelLoadError(source.name, mismatch, str(source.path))
+        decoupled = decoupled_problem(config, step_configs)[1]
+        if decoupled != config.decoupled:  # as Triton sets it: decoupled when a step is
+            config = dataclasses.replace(config, model_transaction_policy=ModelTransactionPolicy(decoupled=decoupled))
+        stats = ModelStats(source.name, version.version)
+        scheduler = EnsembleScheduler(config, self.steps, stats)
+        return ServingModel(source.name, version.version, config, to_triton_json(config), stats, scheduler, (), None)
+
     async def _start_instance(
         self,
         instances: list[ModelInstance | ProcessInstance],
@@ -172,7 +206,8 @@ class ModelLoader:
         for instance in serving.instances:
             await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
         self.faults.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
-        unload_model_module(serving.model_class)
+        if serving.model_class is not None:  # an ensemble has none
+            unload_model_module(serving.model_class)
 
 
 def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], stats: ModelStats) -> DynamicBatcher:

@@ -17,6 +17,7 @@ from typing import AsyncIterator, Iterable, Mapping, Sequence
 from nereid.config.schema import ModelConfig
 from nereid.errors import ModelLoadError, ModelNotFoundError, ModelNotReadyError, NereidError, UnavailableError
 from nereid.repository.model_file import describe_exception
+from nereid.models.dependencies import Dependencies
 from nereid.models.loader import Loader, ModelLoader
 from nereid.models.states import (
     LOADING,
@@ -97,7 +98,7 @@ class ModelManager:
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
-        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls)
+        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls, steps=self)
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}
@@ -109,6 +110,7 @@ class ModelManager:
         self._closing = False
         self._detector: ChangeDetector | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._dependencies = Dependencies()  # ensembles' step models
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -271,14 +273,18 @@ class ModelManager:
         unloaded. Raises InvalidInputError for a name that is not a folder name (before
         any filesystem access), UnavailableError during shutdown, and ModelLoadError
         (``failed to load 'm', <why>``) when the model could not load; what served
-        before then keeps serving (see the class docstring).
+        before then keeps serving (see the class docstring). An ensemble's step models
+        that are not loaded load first (Triton's dependencies).
         """
+        self._dependencies.implicit.discard(name)
         await self._load(name, config, startup=False)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload every version of a model: new requests are refused at once (404 "has no
         available versions"), requests already accepted finish, then the instances close.
-        Every version then reads UNAVAILABLE "unloaded". Unknown names are a no-op."""
+        Every version then reads UNAVAILABLE "unloaded". Unknown names are a no-op.
+        ``unload_dependents`` (an ensemble): then also unload the step models that were
+        loaded only for it and that no other loaded ensemble uses, as Triton does."""
         check_model_name(name)
         if name not in self._records:
             return
@@ -287,6 +293,9 @@ class ModelManager:
             self._refresh_latest(record)
             await asyncio.gather(*(self._retire(record, serving, keep_status=False) for serving in retiring.values()))
             record.all_unloaded()
+        if unload_dependents:
+            for step in self._dependencies.dependents(retiring.values(), self._latest.values()):
+                await self.unload(step, unload_dependents=True)
 
     async def poll(self) -> Changes:
         """Look at the repository once (poll mode's step): fingerprint every model folder
@@ -371,6 +380,9 @@ class ModelManager:
                 if startup or record.statuses or is_model:
                     record.source_failed(source.missing_versions, reason)
                 raise ModelLoadError(name, f"failed to load '{name}', {reason}", str(source.path))
+            if source.config.ensemble_scheduling is not None:
+                await self._dependencies.load_steps(name, source.config, startup=startup, serving=self._latest,
+                                                    locked=self._locked, load=self._load_logged)
             await self._load_versions(record, source)
 
     async def _load_versions(self, record: ModelRecord, source: ModelSource) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Mapping
+from typing import Any, AsyncGenerator, Mapping, Protocol
 
 import numpy as np
 
+from nereid.ensembles import EnsembleScheduler
 from nereid.scheduling.batcher import DynamicBatcher
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.config.schema import ModelConfig
@@ -23,29 +24,33 @@ from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
 from nereid.instances.process import ProcessInstance
 from nereid.repository.model_file import ModelClass
-from nereid.scheduling.pending import OnAnswer, Pending
+from nereid.scheduling.pending import OnAnswer
 from nereid.stats import ModelStats
 
 __all__ = ["ServingModel", "Ticket"]
 
-#: What ``ServingModel.submit`` returns: ``withdraw()`` it if the caller goes away.
-Ticket = Pending
+class Ticket(Protocol):
+    """What ``ServingModel.submit`` returns: ``withdraw()`` it if the caller goes away
+    (a batcher's ``Pending``, or an ensemble's ``EnsembleTicket``)."""
+
+    def withdraw(self) -> None: ...
 
 
 @dataclass(eq=False)
 class ServingModel:
     """A READY model version: its config (records and Triton JSON), statistics, and the
     ways in. ``batcher`` and ``instances`` are the loader's (model_loader.py), not the
-    surfaces'."""
+    surfaces'. An ensemble's ``batcher`` is its EnsembleScheduler (its steps run through
+    their own models' batchers), and it has no instances nor model class."""
 
     name: str
     version: int
     config: ModelConfig
     config_json: dict[str, Any]
     stats: ModelStats
-    batcher: DynamicBatcher | SequenceBatcher
+    batcher: DynamicBatcher | SequenceBatcher | EnsembleScheduler
     instances: tuple[ModelInstance | ProcessInstance, ...]
-    model_class: ModelClass
+    model_class: ModelClass | None
     labels: Mapping[str, list[str]] = field(default_factory=dict)
     #: set when this object stops taking traffic; ``successor`` when a reload of the
     #: same version replaced it.
@@ -56,7 +61,10 @@ class ServingModel:
     def problem(self) -> str | None:
         """Why this version cannot serve now, when none of its instances can (a process
         restarting, an instance stuck past its execution timeout); None when one can.
-        Requests still queue meanwhile, and run once an instance is back."""
+        Requests still queue meanwhile, and run once an instance is back. An ensemble's:
+        why one of its steps cannot serve (``EnsembleScheduler.problem``)."""
+        if isinstance(self.batcher, EnsembleScheduler):
+            return self.batcher.problem
         problems = [instance.problem for instance in self.instances]
         if not problems or any(problem is None for problem in problems):
             return None

@@ -192,10 +192,10 @@ def test_convert_config_of_every_kind_of_section_means_the_same_and_stays_compac
          'line 3, column 26: unknown value "KIND_GPUS" of Kind (did you mean "KIND_GPU"?)'),
         ('name: "m"\nbackend: "python"\nzzzz: 1\n', 'line 3, column 1: unknown field "zzzz" of ModelConfig (known fields: name, '),
         ('name: "m"\nbackend: "onnxruntime"\n',
-         'backend: expected "python" (nereid serves Triton Python-backend models only), got "onnxruntime"'),
+         'backend: expected "python" (nereid serves Triton Python-backend models and ensembles only), got "onnxruntime"'),
         ('name: "m"\nplatform: "tensorrt_plan"\n',
-         'backend: expected "python" (nereid serves Triton Python-backend models only), got platform "tensorrt_plan"'),
-        ('name: "m"\n', 'backend: expected "python" (nereid serves Triton Python-backend models only), got nothing'),
+         'backend: expected "python" (nereid serves Triton Python-backend models and ensembles only), got platform "tensorrt_plan"'),
+        ('name: "m"\n', 'backend: expected "python" (nereid serves Triton Python-backend models and ensembles only), got nothing'),
         ('name: "m"\nbackend: "python"\nsequence_batching { iterative_sequence: true }\n',
          "sequence_batching.iterative_sequence: not supported by nereid"),
         ('name: "m"\nbackend: "python"\ninput [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
