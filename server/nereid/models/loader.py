@@ -9,6 +9,7 @@ tests give it a stub ``Loader`` instead. User code never runs on the event loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import operator
 import time
@@ -20,6 +21,7 @@ from nereid.scheduling.batcher import DynamicBatcher, Instance
 from nereid.config import to_triton_json
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
+from nereid.custom_metrics import CustomMetrics, OwnedMetrics
 from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
@@ -52,9 +54,11 @@ class Loader(Protocol):
 class ModelLoader:
     """The real Loader: model files from the repository, instances on their devices."""
 
-    def __init__(self, bls: BlsTarget | None = None) -> None:
-        """``bls``: where its Triton models' BLS requests go (None: BLS not available)."""
+    def __init__(self, bls: BlsTarget | None = None, custom_metrics: CustomMetrics | None = None) -> None:
+        """``bls``: where its Triton models' BLS requests go (None: BLS not available);
+        ``custom_metrics``: where its models' metric families go (None: a registry of its own)."""
         self.bls = bls
+        self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self._gpus = GpuInventory()
         #: this server's log of model-code failures (each traceback once, repeats counted)
         self.faults = FaultLog()
@@ -89,6 +93,7 @@ class ModelLoader:
                 )
             for index, (group, device) in enumerate(groups):
                 context = _instance_context(name, config, config_json, version, index, device)
+                context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
                 await self._start_instance(instances, isolation_of(group), model_class, context, config, version)
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
@@ -101,6 +106,7 @@ class ModelLoader:
         except BaseException as exc:
             for instance in instances:
                 await instance.close()
+                _release_metrics(instance.context)
             self.faults.flush(name, version.version)  # the next load attempt logs its failures afresh
             if model_class is not None:
                 unload_model_module(model_class)
@@ -158,6 +164,7 @@ class ModelLoader:
             )
         for instance in serving.instances:
             await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
+            _release_metrics(instance.context)  # its metric families leave /metrics (as Triton's)
         self.faults.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
         unload_model_module(serving.model_class)
 
@@ -192,6 +199,12 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         streaming=config.decoupled,
         execution_timeout_ms=config.execution_timeout_ms,
     )
+
+
+def _release_metrics(context: ModelContext) -> None:
+    """Close the metric handles an instance's model code still held."""
+    if isinstance(context.metrics, OwnedMetrics):
+        context.metrics.release_all()
 
 
 def _instance_context(
