@@ -29,7 +29,7 @@ from nereid.errors import NereidError
 
 __all__ = [
     "CLEARED", "CustomMetrics", "FamilyReading", "Metric", "MetricError", "MetricFamily", "MetricKind",
-    "MetricsSink", "OwnedMetrics", "SeriesReading",
+    "MetricsSink", "OwnedMetrics", "SeriesReading", "misuse",
 ]
 
 #: Triton's words for using a series whose family handle was dropped first.
@@ -187,38 +187,27 @@ class CustomMetrics:
 
     def increment(self, handle: int, value: float) -> None:
         with self._lock:
-            record, series = self._series(handle)
-            kind = record.family.kind
-            if kind is MetricKind.HISTOGRAM:
-                raise MetricError(f"{_subject(record)}: a histogram does not support increment")
-            if kind is MetricKind.COUNTER and value < 0:
-                raise MetricError(
-                    f"{_subject(record)}: a counter can only be incremented by non-negative values, got {value!r}"
-                )
+            series = self._checked("increment", handle, value)
             series.value += value
 
     def set(self, handle: int, value: float) -> None:
         with self._lock:
-            record, series = self._series(handle)
-            if record.family.kind is not MetricKind.GAUGE:
-                raise MetricError(f"{_subject(record)}: a {record.family.kind.value} does not support set")
-            series.value = value
+            self._checked("set", handle, value).value = value
 
     def observe(self, handle: int, value: float) -> None:
         with self._lock:
-            record, series = self._series(handle)
-            if record.family.kind is not MetricKind.HISTOGRAM:
-                raise MetricError(f"{_subject(record)}: a {record.family.kind.value} does not support observe")
+            series = self._checked("observe", handle, value)
             series.counts[bisect.bisect_left(series.bounds, value)] += 1
             series.total += value
             series.count += 1
 
     def value(self, handle: int) -> float:
         with self._lock:
-            record, series = self._series(handle)
-            if record.family.kind is MetricKind.HISTOGRAM:
-                raise MetricError(f"{_subject(record)}: a histogram does not support value")
-            return series.value
+            return self._checked("value", handle, 0.0).value
+
+    def apply(self, op: str, handle: int, value: float) -> None:
+        """``increment``, ``set`` or ``observe`` by name (a process instance's queued update)."""
+        {"increment": self.increment, "set": self.set, "observe": self.observe}[op](handle, value)
 
     def kind(self, handle: int) -> MetricKind:
         with self._lock:
@@ -248,10 +237,14 @@ class CustomMetrics:
             raise MetricError(CLEARED)
         return record
 
-    def _series(self, handle: int) -> tuple[_Handle, _Series]:
+    def _checked(self, op: str, handle: int, value: float) -> _Series:
+        """The series of ``handle``, if ``op`` with ``value`` is allowed on it."""
         record = self._live(handle)
         assert record.series is not None, "a family handle where a metric handle was expected"
-        return record, record.series
+        problem = misuse(record.family.kind, op, value)
+        if problem is not None:
+            raise MetricError(f"{_subject(record)}: {problem}")
+        return record.series
 
     def _drop_series(self, record: _Handle) -> None:
         series = record.series
@@ -263,6 +256,16 @@ class CustomMetrics:
     def _drop_family_if_unused(self, family: _Family) -> None:
         if family.handles == 0 and self._families.get(family.name) is family:
             del self._families[family.name]
+
+
+def misuse(kind: MetricKind, op: str, value: float) -> str | None:
+    """Why ``op`` (increment, set, observe, value) with ``value`` is not allowed on a
+    series of ``kind`` (Triton's rules), or None."""
+    if kind is MetricKind.COUNTER and op == "increment" and value < 0:
+        return f"a counter can only be incremented by non-negative values, got {value!r}"
+    allowed = {MetricKind.COUNTER: ("increment", "value"), MetricKind.GAUGE: ("increment", "set", "value"),
+               MetricKind.HISTOGRAM: ("observe",)}[kind]
+    return None if op in allowed else f"a {kind.value} does not support {op}"
 
 
 def _subject(record: _Handle) -> str:
@@ -372,20 +375,27 @@ class MetricFamily:
         self.kind = MetricKind.of(kind)
         self._sink = sink
         self._handle = sink.open_family(name, description, self.kind)
-        weakref.finalize(self, _close_quietly, sink, self._handle)
+        self._finalizer = weakref.finalize(self, _close_quietly, sink, self._handle)
 
     def metric(self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:
         """The series of this family with ``labels`` (made at 0 if new; a histogram's
-        ``buckets`` are its upper bounds, strictly increasing, +Inf implied)."""
-        return Metric(self._sink, self._sink.open_metric(self._handle, labels, buckets), self.kind)
+        ``buckets`` are its upper bounds, strictly increasing, +Inf implied). The series
+        keeps its family alive."""
+        return Metric(self._sink, self._sink.open_metric(self._handle, labels, buckets), self.kind, self)
+
+    def close(self) -> None:
+        """Drop this family handle now: its series handles are cleared (using one raises),
+        the family leaves ``/metrics`` when no other handle holds it."""
+        self._finalizer()
 
 
 class Metric:
     """One series: ``increment`` (counter, gauge), ``set`` (gauge), ``observe`` (histogram),
     ``value`` (counter, gauge). Misuse raises MetricError naming the series."""
 
-    def __init__(self, sink: MetricsSink, handle: int, kind: MetricKind) -> None:
+    def __init__(self, sink: MetricsSink, handle: int, kind: MetricKind, family: MetricFamily | None = None) -> None:
         self.kind = kind
+        self.family = family
         self._sink = sink
         self._handle = handle
         weakref.finalize(self, _close_quietly, sink, handle)

@@ -22,7 +22,7 @@ import asyncio
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -37,7 +37,10 @@ from nereid.instances.model_errors import model_exception
 from nereid.instances.outcome import BatchOutcome, StepSink
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass
-from nereid.instances.channel import Arena, ChannelClosed, write_arrays
+from nereid.instances.calls import AsyncBls, CallServer
+from nereid.instances.channel import Arena, Channel, ChannelClosed, write_arrays
+from nereid.instances.devices import placements
+from nereid.triton_python.bls import BlsTarget
 from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
 from nereid.instances.supervisor import Slot, WorkerProcess
 
@@ -53,8 +56,11 @@ class ProcessInstance:
     """One instance in a process of its own (see the module docstring)."""
 
     def __init__(
-        self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None
+        self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None,
+        bls: BlsTarget | None = None,
     ) -> None:
+        """``bls``: where its model code's BLS requests go (the server's ``ServerBls``;
+        None: BLS not available); its custom metrics go to ``context.metrics``."""
         self.model_file = model_file
         #: the server's fault log: outputs that do not match the config (model code's own
         #: failures are logged by the process)
@@ -76,7 +82,13 @@ class ProcessInstance:
         # the current one runs, and it waits in the process, inputs in, for its turn (not
         # under an execution timeout, which counts from the moment a batch is sent).
         slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
-        self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
+        self.bls: AsyncBls | None = cast(AsyncBls, bls) if hasattr(bls, "ainfer") else None
+        #: a BLS request from this instance to its own model would wait for itself
+        self._alone = len(placements(config)) == 1
+        self._calls: CallServer | None = None  # the current process's
+        self.worker = WorkerProcess(  # + the control channel
+            model_file, context, slots + 1, self.capacity, serve_calls=self._serve_calls
+        )
         self._threads = InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
         self._cost_generation = -1
@@ -127,6 +139,16 @@ class ProcessInstance:
             self.worker.kill()
         await self.worker.close()
         await self._threads.stop(1.0)
+
+    def _serve_calls(self, channel: Channel) -> Callable[[], None]:
+        """Answer a new process's calls (custom metrics, BLS), on the loop."""
+        assert self.worker.loop is not None
+        calls = CallServer(
+            channel, self.context.model_name, self.name, self.context.metrics, self.bls, self._alone
+        )
+        calls.start(self.worker.loop)
+        self._calls = calls
+        return calls.stop
 
     # -- batches -----------------------------------------------------------------------
 
@@ -227,6 +249,8 @@ class ProcessInstance:
                 except (ChannelClosed, OSError) as exc:
                     waiting.set_exception(ChannelClosed(str(exc)))
                 else:
+                    if self._calls is not None:  # the metric updates sent before this reply
+                        self._calls.drain()
                     # read: whatever becomes of the awaiting task, the slot is free and
                     # its outputs arena is the one this reply's arrays lie in
                     slot.busy = False

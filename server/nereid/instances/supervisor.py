@@ -56,7 +56,7 @@ class _Process:
     """One started worker process and its channels (one per slot)."""
 
     def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int) -> None:
-        pairs = [socket_pair() for _ in range(slots)]
+        pairs = [socket_pair() for _ in range(slots + 1)]  # the last one: the calls channel
         child_fds = [pair[1].fileno() for pair in pairs]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.popen = subprocess.Popen(
@@ -66,10 +66,15 @@ class _Process:
         for pair in pairs:
             pair[1].close()
         self.channels = [Channel(pair[0]) for pair in pairs]
+        #: the channel the process asks the server on (custom metrics, BLS: ``calls.py``);
+        #: closed on the loop, which reads it (``WorkerProcess._stop_calls``)
+        self.calls = self.channels.pop()
+        #: stops serving ``calls`` (None: not served, or stopped)
+        self.stop_calls: Callable[[], None] | None = None
         #: the slots made from these channels (all but the first, which is for control).
         self.slots: list[Slot] = []
         self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings(),
-                               "concurrency": concurrency})
+                               "concurrency": concurrency, "calls": True})
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -99,10 +104,16 @@ class Slot:
 class WorkerProcess:
     """The current process of one instance, its slots, and its supervisor."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None) -> None:
+    def __init__(
+        self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None,
+        serve_calls: Callable[[Channel], Callable[[], None]] | None = None,
+    ) -> None:
         """``slots`` channels (the first for control); at most ``concurrency`` batches run
         at once in the process (None: one per batch slot), the others wait there for
-        their turn, their inputs already in."""
+        their turn, their inputs already in. ``serve_calls(channel)``, on the loop, starts
+        answering a new process's calls channel (from before its Model is built: its
+        ``__init__`` may call) and returns how to stop (``calls.CallServer``)."""
+        self.serve_calls = serve_calls
         self.model_file = model_file
         self.context = context
         self.name = context.instance_name
@@ -146,12 +157,14 @@ class WorkerProcess:
     def _spawn(self) -> dict[str, Any]:
         """Start a process and wait for its "ready" (runs on a thread)."""
         process = _Process(self.model_file, self.context, self.slot_count, self.concurrency)  # + one channel for batch_size
+        self._on_loop(lambda: self._start_calls(process))
         try:
             message, _ = process.channels[0].recv(_START_TIMEOUT_S)
         except (ChannelClosed, TimeoutError) as exc:
             process.kill()
             returncode = process.popen.wait()
             process.close_channels()
+            self._on_loop(lambda: self._stop_calls(process))
             cause = describe_exit(returncode) if not isinstance(exc, TimeoutError) else "timed out starting"
             raise ModelLoadError(
                 self.context.model_name, f"{self.model_file}: instance {self.name}'s process {cause} while loading"
@@ -159,6 +172,7 @@ class WorkerProcess:
         if message[0] != "ready":  # ("load-error", reason): worded as for a thread instance
             process.popen.wait()
             process.close_channels()
+            self._on_loop(lambda: self._stop_calls(process))
             raise ModelLoadError(self.context.model_name, message[1], str(self.model_file))
         with self._lock:
             self.generation += 1
@@ -173,6 +187,17 @@ class WorkerProcess:
         self._ready.set()
         self._on_loop(self._ready_on_loop.set if self._ready_on_loop is not None else None)
         return message[1]  # type: ignore[no-any-return]
+
+    def _start_calls(self, process: _Process) -> None:
+        if self.serve_calls is not None:
+            process.stop_calls = self.serve_calls(process.calls)
+
+    def _stop_calls(self, process: _Process) -> None:
+        """On the loop: stop reading a process's calls channel, then close it."""
+        stop, process.stop_calls = process.stop_calls, None
+        if stop is not None:
+            stop()
+        process.calls.close()
 
     def _on_loop(self, fn: Callable[[], object] | None) -> None:
         loop = self.loop
@@ -222,6 +247,7 @@ class WorkerProcess:
             process = self.process
         if process is not None:
             await asyncio.to_thread(self._close_process, process)
+            self._stop_calls(process)
 
     def _close_process(self, process: _Process) -> None:
         channel = process.channels[0]
@@ -308,6 +334,7 @@ class WorkerProcess:
             if slot.waiting is not None and not slot.waiting.done():
                 slot.waiting.set_exception(ChannelClosed("the instance's process ended"))
         process.close_channels()
+        self._stop_calls(process)
 
     def died(self, timeout_ms: int | None) -> str:
         """The process's end, as the cause of the batch it was running: killed here at

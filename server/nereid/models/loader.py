@@ -138,7 +138,7 @@ class ModelLoader:
         (constructors one at a time)."""
         instance: ModelInstance | ProcessInstance
         if isolation == "process":
-            instance = ProcessInstance(version.model_file, context, config, self.faults)
+            instance = ProcessInstance(version.model_file, context, config, self.faults, self.bls)
             instances.append(instance)
             await instance.start()  # its own process: no import lock needed
             return

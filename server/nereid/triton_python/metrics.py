@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from nereid import custom_metrics
@@ -88,6 +89,9 @@ class MetricFamily:
         self._family = _triton(
             "Error when creating MetricFamily", lambda: custom_metrics.MetricFamily(sink, name, description, kind)
         )
+        # Triton's lifetime: dropping this object deletes the family handle, and the
+        # Metric objects made from it are cleared (they do not keep it alive)
+        weakref.finalize(self, self._family.close)
 
     def Metric(self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None) -> Metric:  # noqa: N802 - Triton's name
         return Metric(_triton("Failed to create metric", lambda: self._family.metric(labels, buckets)))
