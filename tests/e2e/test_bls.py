@@ -13,8 +13,6 @@ import pytest
 import nereid
 from tests.conftest import RepoBuilder
 
-pytestmark = pytest.mark.thread_only("BLS is not available from process instances")
-
 TENSOR_CONFIG = """
 max_batch_size = 8
 [[input]]
