@@ -8,7 +8,8 @@ import asyncio
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
-from nereid.metrics import MetricsListener, ModelReading, ModelStatsCollector, render
+from nereid.custom_metrics import CustomMetrics, MetricKind
+from nereid.metrics import CustomMetricsCollector, MetricsListener, ModelReading, ModelStatsCollector, render
 from nereid.stats import ModelStats
 
 
@@ -214,3 +215,33 @@ def test_listener_keeps_the_connection_for_pipelined_requests() -> None:
 def test_listener_answers_garbage_with_400_and_closes() -> None:
     reply = _listen(lambda port: _exchange(port, b"HELLO\r\n\r\n"))
     assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_custom_families_are_written_as_tritons_prometheus_cpp_writes_them() -> None:
+    custom = CustomMetrics()
+    counter = custom.open_metric(custom.open_family("o", "latency_ns", "Cumulative time", MetricKind.COUNTER),
+                                 {"version": "1", "model": "m"}, None)
+    custom.increment(counter, 1.5e12)
+    histogram = custom.open_metric(custom.open_family("o", "sizes", "Sizes", MetricKind.HISTOGRAM), {"k": "v"},
+                                   [0.1, 2.5])
+    for value in (0.05, 1.5, 6.0):
+        custom.observe(histogram, value)
+    gauge = custom.open_metric(custom.open_family("o", "ratio", "A ratio", MetricKind.GAUGE), None, None)
+    custom.set(gauge, 0.1 + 0.2)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CustomMetricsCollector(custom))
+    assert render(registry).decode().splitlines() == [
+        "# HELP latency_ns Cumulative time",
+        "# TYPE latency_ns counter",
+        'latency_ns{model="m",version="1"} 1500000000000',
+        "# HELP sizes Sizes",
+        "# TYPE sizes histogram",
+        'sizes_count{k="v"} 3',
+        'sizes_sum{k="v"} 7.55',
+        'sizes_bucket{k="v",le="0.1"} 1',
+        'sizes_bucket{k="v",le="2.5"} 2',
+        'sizes_bucket{k="v",le="+Inf"} 3',
+        "# HELP ratio A ratio",
+        "# TYPE ratio gauge",
+        "ratio 0.3",  # 16 significant digits, as prometheus-cpp: not 0.30000000000000004
+    ]
