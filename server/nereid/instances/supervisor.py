@@ -26,14 +26,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from nereid.context import ModelContext
 from nereid.errors import ModelLoadError
 from nereid.log import log_settings
 from nereid.instances.channel import Arena, Channel, ChannelClosed, socket_pair
 
-__all__ = ["Slot", "WorkerProcess", "describe_exit"]
+__all__ = ["ServedCalls", "Slot", "WorkerProcess", "describe_exit"]
 
 _log = logging.getLogger("nereid")
 
@@ -50,6 +50,15 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with code {returncode}"
+
+
+class ServedCalls(Protocol):
+    """What serves a process's calls channel on the loop (``call_server.CallServer``)."""
+
+    @property
+    def holds_metrics(self) -> bool: ...
+    def drain(self) -> None: ...
+    def stop(self) -> None: ...
 
 
 class _Process:
@@ -69,8 +78,8 @@ class _Process:
         #: the channel the process asks the server on (custom metrics, BLS: ``calls.py``);
         #: closed on the loop, which reads it (``WorkerProcess._stop_calls``)
         self.calls = self.channels.pop()
-        #: stops serving ``calls`` (None: not served, or stopped)
-        self.stop_calls: Callable[[], None] | None = None
+        #: what serves ``calls`` (None: not served, or stopped)
+        self.served_calls: ServedCalls | None = None
         #: the slots made from these channels (all but the first, which is for control).
         self.slots: list[Slot] = []
         self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings(),
@@ -106,13 +115,13 @@ class WorkerProcess:
 
     def __init__(
         self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None,
-        serve_calls: Callable[[Channel], Callable[[], None]] | None = None,
+        serve_calls: Callable[[Channel, asyncio.AbstractEventLoop], ServedCalls] | None = None,
     ) -> None:
         """``slots`` channels (the first for control); at most ``concurrency`` batches run
         at once in the process (None: one per batch slot), the others wait there for
-        their turn, their inputs already in. ``serve_calls(channel)``, on the loop, starts
-        answering a new process's calls channel (from before its Model is built: its
-        ``__init__`` may call) and returns how to stop (``calls.CallServer``)."""
+        their turn, their inputs already in. ``serve_calls(channel, loop)``, on the loop,
+        starts answering a new process's calls channel (from before its Model is built:
+        its ``__init__`` may call): ``call_server.CallServer``."""
         self.serve_calls = serve_calls
         self.model_file = model_file
         self.context = context
@@ -189,15 +198,23 @@ class WorkerProcess:
         return message[1]  # type: ignore[no-any-return]
 
     def _start_calls(self, process: _Process) -> None:
-        if self.serve_calls is not None:
-            process.stop_calls = self.serve_calls(process.calls)
+        if self.serve_calls is not None and self.loop is not None:
+            process.served_calls = self.serve_calls(process.calls, self.loop)
 
     def _stop_calls(self, process: _Process) -> None:
         """On the loop: stop reading a process's calls channel, then close it."""
-        stop, process.stop_calls = process.stop_calls, None
-        if stop is not None:
-            stop()
+        served, process.served_calls = process.served_calls, None
+        if served is not None:
+            served.stop()
         process.calls.close()
+
+    def drain_calls(self) -> None:
+        """On the loop: handle what the current process sent on its calls channel before
+        the reply just read (its metric updates; nothing to do when it holds none)."""
+        process = self.process
+        served = process.served_calls if process is not None else None
+        if served is not None and served.holds_metrics:
+            served.drain()
 
     def _on_loop(self, fn: Callable[[], object] | None) -> None:
         loop = self.loop

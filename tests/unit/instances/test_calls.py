@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from nereid.custom_metrics import CLEARED, CustomMetrics, MetricError, MetricKind
-from nereid.instances.calls import CallServer, MetricsProxy, ProcessBls, ServerCalls, pack_arrays, unpack_arrays
+from nereid.instances.call_server import CallServer
+from nereid.instances.calls import MetricsProxy, ProcessBls, ServerCalls, pack_arrays, unpack_arrays
 from nereid.instances.channel import Channel, socket_pair
 from nereid.triton_python import pb_utils
 
@@ -98,26 +99,6 @@ def test_metric_updates_reach_the_registry_and_value_reads_the_servers() -> None
     assert run_pair(process, registry=registry) == 6
 
 
-def test_a_flush_is_applied_when_the_server_drains_before_a_reply() -> None:
-    registry = CustomMetrics()
-
-    def process(calls: ServerCalls, server: CallServer) -> list[float]:
-        proxy = MetricsProxy(calls)
-        metric = proxy.open_metric(proxy.open_family("g", "", MetricKind.GAUGE), None, None)
-        proxy.set(metric, 4)
-        calls.flush()
-        seen = []
-        asyncio.run_coroutine_threadsafe(_drain_and_read(server, registry, seen), server._loop).result()  # type: ignore[arg-type]
-        return seen
-
-    assert run_pair(process, registry=registry) == [4.0]
-
-
-async def _drain_and_read(server: CallServer, registry: CustomMetrics, seen: list[float]) -> None:
-    server.drain()
-    seen.extend(series.value for family in registry.read() for series in family.series)
-
-
 def test_misuse_raises_in_the_process_worded_by_the_server() -> None:
     def process(calls: ServerCalls, _: CallServer) -> str:
         proxy = MetricsProxy(calls)
@@ -154,17 +135,6 @@ def test_closing_the_family_clears_its_metrics_in_the_process() -> None:
     assert run_pair(process) == CLEARED
 
 
-def test_a_stopped_server_closes_the_handles_the_process_held() -> None:
-    registry = CustomMetrics()
-
-    def process(calls: ServerCalls, _: CallServer) -> None:
-        proxy = MetricsProxy(calls)
-        proxy.open_metric(proxy.open_family("f", "", MetricKind.COUNTER), None, None)
-
-    run_pair(process, registry=registry)
-    assert registry.read() == []
-
-
 @pytest.mark.parametrize("size", [3, 500_000], ids=["inline", "arena"])
 def test_bls_infer_comes_back_with_its_outputs(size: int) -> None:
     x = np.arange(size, dtype=np.float32)
@@ -186,43 +156,6 @@ def test_bls_errors_come_back_as_error_responses_with_their_code() -> None:
     assert run_pair(process) == ("no model nothing", pb_utils.TritonError.NOT_FOUND)
 
 
-def test_a_stream_closed_early_is_cancelled_on_the_server() -> None:
-    bls_seen: list[EchoBls] = []
-
-    def process(calls: ServerCalls, server: CallServer) -> list[int]:
-        assert isinstance(server.bls, EchoBls)
-        bls_seen.append(server.bls)
-        steps = []
-        responses = ProcessBls(calls).stream(ask("steps", "N", np.array([2], np.int32)))
-        for response in responses:
-            steps.append(int(response.output_tensors()[0].as_numpy()[0]))
-            if len(steps) == 2:
-                break
-        responses.close()  # type: ignore[attr-defined]
-        asyncio.run_coroutine_threadsafe(_cancelled(server.bls), server._loop).result(timeout=30)  # type: ignore[arg-type]
-        return steps
-
-    assert run_pair(process) == [0, 1]
-    assert bls_seen[0].cancelled
-
-
-async def _cancelled(bls: EchoBls) -> None:
-    while not bls.cancelled:
-        await asyncio.sleep(0.01)
-
-
-def test_a_request_to_its_own_single_instance_model_is_refused() -> None:
-    def process(calls: ServerCalls, _: CallServer) -> str:
-        error = ProcessBls(calls).infer(ask("caller", "X", np.zeros(1))).error()
-        assert error is not None and error.code() == pb_utils.TritonError.UNAVAILABLE
-        return error.message()
-
-    assert run_pair(process, alone=True) == (
-        'BLS request from model "caller" instance caller_0 to its own model: "caller" has no other instance '
-        "to run it (it would wait for itself); give it a second instance"
-    )
-
-
 def test_calls_fail_cleanly_once_the_server_is_gone() -> None:
     server_end, process_end = socket_pair()
     calls = ServerCalls(Channel(process_end))
@@ -230,5 +163,3 @@ def test_calls_fail_cleanly_once_the_server_is_gone() -> None:
     response = ProcessBls(calls).infer(ask("double", "X", np.zeros(1)))
     assert response.has_error() and "closed" in response.error().message()  # type: ignore[union-attr]
     process_end.close()
-
-
