@@ -14,6 +14,7 @@ import pytest
 import nereid
 from tests import conftest
 from tests.conftest import RepoBuilder
+from tests.waiting import wait_until
 
 TENSOR_CONFIG = """
 max_batch_size = 8
@@ -131,6 +132,28 @@ class Model:
         return {"Y": inputs["X"] * 2}
 """
 
+#: Holds its one instance until the file "go" exists beside model.py (says "entered" first).
+GATED_CONFIG = WIDE_CONFIG + """
+[dynamic_batching]
+[dynamic_batching.default_queue_policy]
+allow_timeout_override = true
+"""
+
+GATED_MODEL = """
+import time
+
+
+class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
+    def infer(self, inputs):
+        (self.folder / "entered").touch()
+        while not (self.folder / "go").exists():
+            time.sleep(0.01)
+        return {"Y": inputs["X"]}
+"""
+
 #: One request, input KIND picks what execute does with BLS; the answer is text in OUT.
 PROBE_CONFIG = """
 max_batch_size = 0
@@ -176,6 +199,8 @@ class TritonPythonModel:
             text = describe(ask("no_such_model", "X", np.zeros(1, np.float32)).exec())
         elif kind == "bad_input":
             text = describe(ask("wide", "NOT_AN_INPUT", np.zeros(1, np.float32)).exec())
+        elif kind == "timeout":  # 1 ms in the queue of a model that is busy: expires
+            text = describe(ask("gated", "X", np.zeros(1, np.float32), timeout=1000).exec())
         elif kind == "itself":
             text = describe(ask("probe", "KIND", np.array([b"missing"], dtype=np.object_)).exec())
         else:
@@ -190,6 +215,7 @@ def probing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nereid.Server]
     repo.add("steps", STEPS_CONFIG, STEPS_MODEL)
     repo.add("wide", WIDE_CONFIG, WIDE_MODEL)
     repo.add("probe", PROBE_CONFIG, PROBE_MODEL)
+    repo.add("gated", GATED_CONFIG, GATED_MODEL)
     with nereid.Server(repo.root) as server:
         yield server
 
@@ -229,3 +255,18 @@ def test_a_request_to_its_own_single_instance_model_does_not_hang(probing: nerei
         pytest.skip("thread instances: the request waits for the caller (as in Triton)")
     answer = probe(probing, "itself")
     assert answer.startswith('error: BLS request from model "probe" instance probe_0 to its own model')
+
+
+def test_a_bls_request_past_its_timeout_is_an_error_response(probing: nereid.Server) -> None:
+    """``InferenceRequest(timeout=...)`` (microseconds) counts where the model's queue
+    policy allows it (allow_timeout_override), as for a client's request."""
+    [folder] = [path / "gated" for path in probing.options.model_repositories]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(probing.infer, "gated", {"X": np.zeros(1, np.float32)})
+        wait_until(lambda: (folder / "entered").exists(), "the gated model to hold its instance")
+        try:
+            assert probe(probing, "timeout") == "error: Request timeout expired"
+        finally:
+            (folder / "go").touch()
+        holding.result(timeout=60)
+
