@@ -2,8 +2,9 @@
 
 This module is the public API for model authors and embedders: the version, the
 ``ModelContext`` a model receives, and the error classes (``MetricError``: a custom
-metric misused). It is cheap to import (no web framework); the server itself lives in ``nereid.server``, and ``nereid.serve()`` (the
-``nereid serve`` command from a script) in ``nereid.cli``, both imported on first use.
+metric misused). It is cheap to import (no web framework); the server itself lives in
+``nereid.server``, and ``nereid.serve()`` (the ``nereid serve`` command from a script) in
+``nereid.cli``, both imported on first use.
 """
 
 from nereid.context import ModelContext
