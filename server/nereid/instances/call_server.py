@@ -169,7 +169,8 @@ class CallServer:
             request = self._request(payload, fds)
         except (OSError, ValueError, TypeError) as exc:
             self._send(call_id, ("error", f"BLS request could not be read: {exc}", pb_utils.TritonError.INTERNAL))
-            self._send(call_id, ("end",)) if kind == "stream" else None
+            if kind == "stream":
+                self._send(call_id, ("end",))
             return
         assert self._loop is not None
         run = self._infer if kind == "infer" else self._stream
@@ -201,17 +202,23 @@ class CallServer:
         response = self._refusal(request)
         if response is None:
             assert self.bls is not None
-            response = await self.bls.ainfer(request)
+            try:
+                response = await self.bls.ainfer(request)
+            except Exception as exc:  # e.g. the server is closing: the caller gets an error, never silence
+                response = _failed(exc)
         self._send_response(call_id, response)
 
     async def _stream(self, call_id: int, request: pb_utils.InferenceRequest) -> None:
         refused = self._refusal(request)
-        if refused is not None:
-            self._send_response(call_id, refused)
-        else:
-            assert self.bls is not None
-            async for response in self.bls.astream(request):
-                self._send_response(call_id, response)
+        try:
+            if refused is not None:
+                self._send_response(call_id, refused)
+            else:
+                assert self.bls is not None
+                async for response in self.bls.astream(request):
+                    self._send_response(call_id, response)
+        except Exception as exc:
+            self._send_response(call_id, _failed(exc))
         self._send(call_id, ("end",))
 
     def _send_response(self, call_id: int, response: pb_utils.InferenceResponse) -> None:
@@ -231,3 +238,8 @@ class CallServer:
             self.channel.send((call_id, *message), fds)
         except (ChannelClosed, OSError):  # the process is gone: stop() follows from the reader
             pass
+
+
+def _failed(exc: Exception) -> pb_utils.InferenceResponse:
+    message = exc.message() if isinstance(exc, pb_utils.TritonModelException) else f"{type(exc).__name__}: {exc}"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"BLS request failed: {message}"))

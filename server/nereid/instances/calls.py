@@ -200,22 +200,25 @@ class MetricsProxy:
         self._update("observe", handle, value)
 
     def value(self, handle: int) -> float:
-        self._check("value", handle, 0.0)
+        self._check_live(handle)
         return float(self._ask("value", handle))
 
     def _update(self, op: str, handle: int, value: float) -> None:
-        self._check(op, handle, value)
-        self._calls.tell((op, handle, value))
+        if self._allowed(op, handle, value):
+            self._calls.tell((op, handle, value))
 
     def _check_live(self, handle: int) -> None:
         if handle in self._cleared:
             raise MetricError(CLEARED)
 
-    def _check(self, op: str, handle: int, value: float) -> None:
+    def _allowed(self, op: str, handle: int, value: float) -> bool:
+        """True if ``op`` is allowed on the series; else the server is asked to do it,
+        and raises the error it words (naming the series)."""
         self._check_live(handle)
-        problem = misuse(self._kinds[handle], op, value)
-        if problem is not None:  # worded by the server, which names the series
-            self._ask(op, handle, value)
+        if misuse(self._kinds[handle], op, value) is None:
+            return True
+        self._ask(op, handle, value)
+        return False
 
     def _ask(self, op: str, *args: Any) -> Any:
         (kind, *rest), _ = self._calls.ask("metric", (op, args))

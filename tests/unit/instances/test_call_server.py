@@ -5,6 +5,7 @@ to its own single-instance model), over a real socket pair (``test_calls.run_pai
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import numpy as np
 
@@ -81,3 +82,25 @@ def test_a_request_to_its_own_single_instance_model_is_refused() -> None:
         'BLS request from model "caller" instance caller_0 to its own model: "caller" has no other instance '
         "to run it (it would wait for itself); give it a second instance"
     )
+
+
+class ClosingBls(EchoBls):
+    """A server that is shutting down: its BLS target raises instead of answering."""
+
+    async def ainfer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        raise pb_utils.TritonModelException("BLS is not available here: the server is not running")
+
+    async def astream(self, request: pb_utils.InferenceRequest) -> AsyncIterator[pb_utils.InferenceResponse]:
+        raise pb_utils.TritonModelException("BLS is not available here: the server is not running")
+        yield  # an async generator
+
+
+def test_a_failing_bls_target_answers_with_an_error_never_silence() -> None:
+    def process(calls: ServerCalls, _: CallServer) -> list[str]:
+        bls = ProcessBls(calls)
+        one = bls.infer(ask("double", "X", np.zeros(1))).error()
+        streamed = [r.error() for r in bls.stream(ask("steps", "N", np.array([1], np.int32)))]
+        return [e.message() for e in (one, *streamed) if e is not None]
+
+    assert run_pair(process, bls=ClosingBls()) == [
+        "BLS request failed: BLS is not available here: the server is not running"] * 2

@@ -53,13 +53,14 @@ class EchoBls:
 
 
 def run_pair(process_side: Callable[[ServerCalls, CallServer], T], *, model: str = "caller", alone: bool = False,
-             registry: CustomMetrics | None = None) -> T:
-    """``process_side(calls, server)`` on a thread while a CallServer serves on a loop."""
+             registry: CustomMetrics | None = None, bls: EchoBls | None = None) -> T:
+    """``process_side(calls, server)`` on a thread while a CallServer serves on a loop
+    (its BLS target ``bls``, an EchoBls by default)."""
     registry = registry if registry is not None else CustomMetrics()
     server_end, process_end = socket_pair()
 
     async def main() -> T:
-        server = CallServer(Channel(server_end), model, f"{model}_0", registry.view("owner"), EchoBls(), alone)
+        server = CallServer(Channel(server_end), model, f"{model}_0", registry.view("owner"), bls or EchoBls(), alone)
         server.start(asyncio.get_running_loop())
         calls = ServerCalls(Channel(process_end))
         try:
