@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import nereid
-from tests import conftest
 from tests.conftest import RepoBuilder
 from tests.waiting import wait_until
 
@@ -248,11 +247,8 @@ def test_an_unknown_input_is_an_error_response_naming_it(probing: nereid.Server)
 
 
 def test_a_request_to_its_own_single_instance_model_does_not_hang(probing: nereid.Server) -> None:
-    """Process instances refuse it (the only instance is the caller); a thread instance
-    runs it on the model's instance thread pool only if one is free: with one instance the
-    request waits for the caller, so only process isolation is asserted."""
-    if conftest.ISOLATION != "process":
-        pytest.skip("thread instances: the request waits for the caller (as in Triton)")
+    """Its only instance is the caller: the request would wait for ever; it is an error
+    response naming the model and the instance instead."""
     answer = probe(probing, "itself")
     assert answer.startswith('error: BLS request from model "probe" instance probe_0 to its own model')
 

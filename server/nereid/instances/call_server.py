@@ -17,12 +17,10 @@ import os
 import select
 from typing import Any, AsyncIterator, Protocol, Sequence, cast
 
-from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.custom_metrics import MetricError, MetricKind, MetricsSink
 from nereid.instances.calls import pack_arrays, unpack_arrays
 from nereid.instances.channel import Channel, ChannelClosed
-from nereid.instances.devices import placements
 from nereid.triton_python import pb_utils
 from nereid.triton_python.bls import BlsTarget
 
@@ -49,32 +47,30 @@ class AsyncBls(BlsTarget, Protocol):
 class CallServer:
     """The server's end of one process's calls channel, read on the event loop
     (``start`` / ``drain`` / ``stop``). ``metrics``: the instance's view of the registry;
-    ``bls``: the server's BLS target (None: BLS not available); ``alone``: the model has
-    no other instance, so a BLS request to it from its own instance is refused (it would
-    wait for itself)."""
+    ``bls``: the server's BLS target (None: BLS not available). (A request to the
+    calling model itself when it has one instance is refused in the process, by the
+    model's adapter: ``bls.NotToItself``.)"""
 
     def __init__(self, channel: Channel, model: str, instance: str, metrics: MetricsSink | None,
-                 bls: AsyncBls | None, alone: bool) -> None:
+                 bls: AsyncBls | None) -> None:
         self.channel = channel
         self.model = model
         self.instance = instance
         self.metrics = metrics
         self.bls = bls
-        self.alone = alone
         self._handles: set[int] = set()  # opened by this process and not closed: closed at stop
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
 
     @classmethod
-    def of_instance(cls, channel: Channel, context: ModelContext, config: ModelConfig, bls: BlsTarget | None,
+    def of_instance(cls, channel: Channel, context: ModelContext, bls: BlsTarget | None,
                     loop: asyncio.AbstractEventLoop) -> CallServer:
         """Serving, on ``loop``, the calls of one process of the instance ``context`` names:
         its metrics to ``context.metrics``, its BLS requests to ``bls`` (when it can be
         awaited: ``nereid.local.ServerBls``)."""
-        alone = len(placements(config)) == 1
         async_bls = cast(AsyncBls, bls) if hasattr(bls, "ainfer") else None
-        server = cls(channel, context.model_name, context.instance_name, context.metrics, async_bls, alone)
+        server = cls(channel, context.model_name, context.instance_name, context.metrics, async_bls)
         server.start(loop)
         return server
 
@@ -190,12 +186,6 @@ class CallServer:
     def _refusal(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:
         if self.bls is None:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError("BLS is not available here (no server)"))
-        if self.alone and request.model_name() == self.model:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f'BLS request from model "{self.model}" instance {self.instance} to its own model: "{self.model}" '
-                "has no other instance to run it (it would wait for itself); give it a second instance",
-                pb_utils.TritonError.UNAVAILABLE,
-            ))
         return None
 
     async def _infer(self, call_id: int, request: pb_utils.InferenceRequest) -> None:

@@ -84,7 +84,7 @@ class ProcessInstance:
         self.bls = bls
         self.worker = WorkerProcess(  # + the control channel
             model_file, context, slots + 1, self.capacity,
-            serve_calls=lambda channel, loop: CallServer.of_instance(channel, context, config, bls, loop),
+            serve_calls=lambda channel, loop: CallServer.of_instance(channel, context, bls, loop),
         )
         self._threads = InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None

@@ -30,7 +30,7 @@ from nereid.errors import (
 )
 from nereid.inference import InferRequest
 from nereid.triton_python import pb_utils
-from nereid.triton_python.bls import BlsTarget, calls_through
+from nereid.triton_python.bls import BlsTarget, NotToItself, calls_through
 from nereid.triton_python.metrics import metrics_through
 
 __all__ = ["MODULE_NAME", "TritonModel", "install_pb_utils"]
@@ -68,6 +68,8 @@ class TritonModel:
 
     def __init__(self, triton_class: type, context: ModelContext, bls: BlsTarget | None = None) -> None:
         self.name = context.model_name
+        if bls is not None and _instance_count(context.config) == 1:
+            bls = NotToItself(bls, context.model_name, context.instance_name)
         self.bls = bls
         self.metrics = context.metrics
         self.model = triton_class()
@@ -164,6 +166,16 @@ class TritonModel:
                 return ModelExecutionError(error.message(), model=self.name)
             return kind(error.message())
         return {tensor.name(): tensor._value() for tensor in response.output_tensors()}
+
+
+def _instance_count(config: Any) -> int:
+    """The instances of a model, from its Triton JSON config (``count`` per group, per
+    GPU of a KIND_GPU group)."""
+    total = 0
+    for group in config.get("instance_group", ()):
+        gpus = group.get("gpus") or ()
+        total += int(group.get("count", 1)) * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    return total
 
 
 def _settled(result: Any) -> Any:

@@ -1,6 +1,6 @@
 """nereid.instances.call_server: what the server does with a process's calls (draining
 updates before a reply, closing its handles, cancelling its streams, refusing a request
-to its own single-instance model), over a real socket pair (``test_calls.run_pair``)."""
+that fails), over a real socket pair (``test_calls.run_pair``)."""
 
 from __future__ import annotations
 
@@ -70,18 +70,6 @@ def test_a_stream_closed_early_is_cancelled_on_the_server() -> None:
 async def _cancelled(bls: EchoBls) -> None:
     while not bls.cancelled:
         await asyncio.sleep(0.01)
-
-
-def test_a_request_to_its_own_single_instance_model_is_refused() -> None:
-    def process(calls: ServerCalls, _: CallServer) -> str:
-        error = ProcessBls(calls).infer(ask("caller", "X", np.zeros(1))).error()
-        assert error is not None and error.code() == pb_utils.TritonError.UNAVAILABLE
-        return error.message()
-
-    assert run_pair(process, alone=True) == (
-        'BLS request from model "caller" instance caller_0 to its own model: "caller" has no other instance '
-        "to run it (it would wait for itself); give it a second instance"
-    )
 
 
 class ClosingBls(EchoBls):

@@ -52,7 +52,7 @@ class EchoBls:
             raise
 
 
-def run_pair(process_side: Callable[[ServerCalls, CallServer], T], *, model: str = "caller", alone: bool = False,
+def run_pair(process_side: Callable[[ServerCalls, CallServer], T], *, model: str = "caller",
              registry: CustomMetrics | None = None, bls: EchoBls | None = None) -> T:
     """``process_side(calls, server)`` on a thread while a CallServer serves on a loop
     (its BLS target ``bls``, an EchoBls by default)."""
@@ -60,7 +60,7 @@ def run_pair(process_side: Callable[[ServerCalls, CallServer], T], *, model: str
     server_end, process_end = socket_pair()
 
     async def main() -> T:
-        server = CallServer(Channel(server_end), model, f"{model}_0", registry.view("owner"), bls or EchoBls(), alone)
+        server = CallServer(Channel(server_end), model, f"{model}_0", registry.view("owner"), bls or EchoBls())
         server.start(asyncio.get_running_loop())
         calls = ServerCalls(Channel(process_end))
         try:
