@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from nereid.config.pbtxt import pbtxt_to_toml
+from tests import conftest
 from tests.conftest import RepoBuilder, RunningServer, start_server, with_isolation, write_config
 
 TRITON_EXAMPLES = Path(__file__).resolve().parent.parent / "triton_examples"
@@ -31,7 +32,7 @@ def copy_examples(root: Path) -> None:
     for its instance groups (converted to TOML and written in --repo-format: nothing
     else changes)."""
     shutil.copytree(TRITON_EXAMPLES / "models", root)
-    if with_isolation("", "probe") == "":  # thread isolation: the examples as they are
+    if conftest.ISOLATION == "thread":  # the examples as they are
         return
     for config in root.glob("*/config.pbtxt"):
         text = with_isolation(pbtxt_to_toml(config, config.parent.name), config.parent.name)

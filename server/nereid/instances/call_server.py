@@ -183,13 +183,13 @@ class CallServer:
             parameters=parameters,
         )
 
-    def _refusal(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse | None:
+    def _refusal(self) -> pb_utils.InferenceResponse | None:
         if self.bls is None:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError("BLS is not available here (no server)"))
         return None
 
     async def _infer(self, call_id: int, request: pb_utils.InferenceRequest) -> None:
-        response = self._refusal(request)
+        response = self._refusal()
         if response is None:
             assert self.bls is not None
             try:
@@ -199,7 +199,7 @@ class CallServer:
         self._send_response(call_id, response)
 
     async def _stream(self, call_id: int, request: pb_utils.InferenceRequest) -> None:
-        refused = self._refusal(request)
+        refused = self._refusal()
         try:
             if refused is not None:
                 self._send_response(call_id, refused)

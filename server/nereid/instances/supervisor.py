@@ -1,7 +1,8 @@
 """The process behind one process instance (``isolation = "process"``), and its supervisor.
 
 ``WorkerProcess`` starts ``python -m nereid.instances.worker`` (spawned, never forked: the server
-has threads, and may have CUDA) with one control channel and one channel per batch slot,
+has threads, and may have CUDA) with one control channel and one channel per batch slot
+(and the calls channel its model code asks the server on, served by ``call_server.py``),
 waits for the Model to be built, and hands out its slots. A supervisor thread waits for
 the process to end: unless the instance is closing, it marks the instance as restarting
 (``problem``), drops the dead process's slots (their waiting batches fail with
