@@ -19,25 +19,20 @@ the message) when large.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import itertools
-import logging
 import os
 import queue
-import select
 import threading
-from typing import Any, AsyncIterator, Iterator, Mapping, Protocol, Sequence, cast
+from typing import Any, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
-from nereid.custom_metrics import CLEARED, MetricError, MetricKind, MetricsSink, misuse
+from nereid.custom_metrics import CLEARED, MetricError, MetricKind, misuse
 from nereid.instances.channel import Arena, Channel, ChannelClosed, read_arrays, write_arrays
 from nereid.triton_python import pb_utils
-from nereid.triton_python.bls import BlsTarget
 
 __all__ = ["MetricsProxy", "ProcessBls", "ServerCalls", "pack_arrays", "unpack_arrays"]
-
-_log = logging.getLogger("nereid")
 
 #: arrays larger than this in all go through an arena of their own, not the message
 _INLINE_BYTES = 1 << 20
@@ -103,6 +98,7 @@ class ServerCalls:
     def ask(self, kind: str, payload: Any, fds: tuple[int, ...] = ()) -> tuple[Any, list[int]]:
         call_id, replies = self._open(kind, payload, fds)
         reply = replies.get()
+        self._waiting.pop(call_id, None)
         if reply is None:
             raise ChannelClosed("the server closed the calls channel")
         return cast(tuple[Any, list[int]], reply)
@@ -122,7 +118,7 @@ class ServerCalls:
         finally:
             self._waiting.pop(call_id, None)
             if not finished and not self._closed:
-                with self._send_lock:
+                with self._send_lock, contextlib.suppress(ChannelClosed):
                     self.channel.send((call_id, "cancel", None))
 
     def _open(self, kind: str, payload: Any, fds: tuple[int, ...]) -> tuple[int, queue.SimpleQueue[Any]]:

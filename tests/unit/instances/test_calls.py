@@ -164,3 +164,15 @@ def test_calls_fail_cleanly_once_the_server_is_gone() -> None:
     response = ProcessBls(calls).infer(ask("double", "X", np.zeros(1)))
     assert response.has_error() and "closed" in response.error().message()  # type: ignore[union-attr]
     process_end.close()
+
+
+def test_answered_calls_are_forgotten() -> None:
+    def process(calls: ServerCalls, _: CallServer) -> int:
+        proxy = MetricsProxy(calls)
+        metric = proxy.open_metric(proxy.open_family("f", "", MetricKind.GAUGE), None, None)
+        for _ in range(5):
+            proxy.value(metric)
+        ProcessBls(calls).infer(ask("double", "X", np.zeros(1)))
+        return len(calls._waiting)
+
+    assert run_pair(process) == 0
