@@ -208,6 +208,41 @@ class TritonPythonModel:
 """
 
 
+#: Calls itself with DEPTH - 1 until 0; two instances, so the caller's is never the only one.
+RECURSIVE_CONFIG = """
+max_batch_size = 0
+[[input]]
+name = "DEPTH"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "DEPTH"
+data_type = "TYPE_INT32"
+dims = [1]
+[[instance_group]]
+count = 2
+kind = "KIND_CPU"
+"""
+
+RECURSIVE_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        depth = pb_utils.get_input_tensor_by_name(requests[0], "DEPTH").as_numpy()
+        if depth[0] > 0:
+            inner = pb_utils.InferenceRequest(
+                model_name="recursive", inputs=[pb_utils.Tensor("DEPTH", depth - 1)], requested_output_names=[]
+            ).exec()
+            if inner.has_error():
+                raise pb_utils.TritonModelException(inner.error().message())
+            depth = pb_utils.get_output_tensor_by_name(inner, "DEPTH").as_numpy() + 101
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("DEPTH", depth)])]
+"""
+
+
 @pytest.fixture(scope="module")
 def probing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nereid.Server]:
     repo = RepoBuilder(tmp_path_factory.mktemp("bls-probe"))
@@ -215,6 +250,7 @@ def probing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[nereid.Server]
     repo.add("wide", WIDE_CONFIG, WIDE_MODEL)
     repo.add("probe", PROBE_CONFIG, PROBE_MODEL)
     repo.add("gated", GATED_CONFIG, GATED_MODEL)
+    repo.add("recursive", RECURSIVE_CONFIG, RECURSIVE_MODEL)
     with nereid.Server(repo.root) as server:
         yield server
 
@@ -251,6 +287,11 @@ def test_a_request_to_its_own_single_instance_model_does_not_hang(probing: nerei
     response naming the model and the instance instead."""
     answer = probe(probing, "itself")
     assert answer.startswith('error: BLS request from model "probe" instance probe_0 to its own model')
+
+
+def test_a_model_with_another_instance_serves_its_own_request_there(probing: nereid.Server) -> None:
+    answer = probing.infer("recursive", {"DEPTH": np.array([1], np.int32)})["DEPTH"]
+    assert answer.tolist() == [101]
 
 
 def test_a_bls_request_past_its_timeout_is_an_error_response(probing: nereid.Server) -> None:
