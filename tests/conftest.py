@@ -78,7 +78,7 @@ REPO_FORMAT = "toml"
 #: stats and config endpoints (which show the isolation). test_process_*.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
-    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_ensembles.py",
+    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py", "test_ensembles.py",
     "test_generate.py",
     "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",

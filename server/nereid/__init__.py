@@ -1,12 +1,14 @@
 """nereid: a Python model server that speaks Triton's HTTP protocol.
 
 This module is the public API for model authors and embedders: the version, the
-``ModelContext`` a model receives, and the error classes. It is cheap to import (no web
-framework); the server itself lives in ``nereid.server``, and ``nereid.serve()`` (the
-``nereid serve`` command from a script) in ``nereid.cli``, both imported on first use.
+``ModelContext`` a model receives, and the error classes (``MetricError``: a custom
+metric misused). It is cheap to import (no web framework); the server itself lives in
+``nereid.server``, and ``nereid.serve()`` (the ``nereid serve`` command from a script) in
+``nereid.cli``, both imported on first use.
 """
 
 from nereid.context import ModelContext
+from nereid.custom_metrics import MetricError
 from nereid.inference import FINISHED
 from nereid.errors import (
     ConfigError,
@@ -68,4 +70,5 @@ __all__ = [
     "ModelExecutionError",
     "RequestCancelledError",
     "InternalError",
+    "MetricError",
 ]

@@ -132,6 +132,21 @@ class ServerBls:
         while (item := steps.get()) is not None:
             yield item
 
+    async def ainfer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        """``infer`` on the server's loop (a process instance's BLS request)."""
+        return await self._infer(self._running()[0], request)
+
+    async def astream(self, request: pb_utils.InferenceRequest) -> AsyncIterator[pb_utils.InferenceResponse]:
+        """``stream`` on the server's loop (a process instance's BLS request)."""
+        endpoint = self._running()[0]
+        model, inputs, options = _bls_arguments(request)
+        wanted = request.requested_output_names()
+        try:
+            async for step in endpoint.stream(model, inputs, **options):
+                yield _bls_response(step, wanted)
+        except NereidError as exc:
+            yield _bls_failed(exc)
+
     @staticmethod
     async def _infer(endpoint: LocalEndpoint, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         model, inputs, options = _bls_arguments(request)

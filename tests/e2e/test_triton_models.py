@@ -19,16 +19,31 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RepoBuilder, RunningServer, start_server
+from nereid.config.pbtxt import pbtxt_to_toml
+from tests import conftest
+from tests.conftest import RepoBuilder, RunningServer, start_server, with_isolation, write_config
 
 TRITON_EXAMPLES = Path(__file__).resolve().parent.parent / "triton_examples"
 RUN_CLIENT = TRITON_EXAMPLES / "run_client.py"
 
 
+def copy_examples(root: Path) -> None:
+    """Triton's examples into ``root``; under ``--isolation process`` each config says so
+    for its instance groups (converted to TOML and written in --repo-format: nothing
+    else changes)."""
+    shutil.copytree(TRITON_EXAMPLES / "models", root)
+    if conftest.ISOLATION == "thread":  # the examples as they are
+        return
+    for config in root.glob("*/config.pbtxt"):
+        text = with_isolation(pbtxt_to_toml(config, config.parent.name), config.parent.name)
+        config.unlink()
+        write_config(config.parent, text)
+
+
 @pytest.fixture(scope="module")
 def examples_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root = tmp_path_factory.mktemp("triton-models") / "models"
-    shutil.copytree(TRITON_EXAMPLES / "models", root)
+    copy_examples(root)
     server = start_server(root, log_dir=tmp_path_factory.mktemp("triton-logs"))
     yield server
     server.stop()
@@ -37,17 +52,18 @@ def examples_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
 @pytest.mark.parametrize(
     "client",
     ["add_sub/client.py", "decoupled/square_client.py", "decoupled/repeat_client.py", "bls/sync_client.py",
-     "auto_complete/client.py", "sequence/simple_http_sequence_sync_infer_client.py",
+     "auto_complete/client.py", "custom_metrics/client.py", "sequence/simple_http_sequence_sync_infer_client.py",
      "sequence/simple_grpc_sequence_sync_infer_client.py", "sequence/simple_grpc_sequence_stream_infer_client.py"],
 )
 def test_tritons_example_clients_pass_against_nereid(examples_server: RunningServer, client: str) -> None:
-    """Each client script runs unchanged; only its hard-coded localhost:8000/8001 is pointed
-    at the test server's ports (run_client.py)."""
+    """Each client script runs unchanged; only its hard-coded localhost:8000/8001/8002 is
+    pointed at the test server's ports (run_client.py)."""
     assert examples_server.grpc_port is not None
     result = subprocess.run(
         [sys.executable, str(RUN_CLIENT), str(examples_server.port), str(examples_server.grpc_port),
          str(TRITON_EXAMPLES / "clients" / client)],
         capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, TRITON_EXAMPLE_METRICS_PORT=str(examples_server.metrics_port)),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS" in result.stdout

@@ -8,7 +8,8 @@ import asyncio
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
-from nereid.metrics import MetricsListener, ModelReading, ModelStatsCollector, render
+from nereid.custom_metrics import CustomMetrics, MetricKind
+from nereid.metrics import CustomMetricsCollector, MetricsListener, ModelReading, ModelStatsCollector, render
 from nereid.stats import ModelStats
 
 
@@ -72,18 +73,18 @@ def test_batch_size_histogram_is_exact_from_batch_stats() -> None:
     lines = scraped(ModelReading(busy_stats()))
     start = lines.index("# TYPE nereid_batch_size histogram")
     assert lines[start + 1 : start + 16] == [
-        'nereid_batch_size_bucket{le="1",model="add_one",version="2"} 1',
-        'nereid_batch_size_bucket{le="2",model="add_one",version="2"} 1',
-        'nereid_batch_size_bucket{le="4",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="8",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="16",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="32",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="64",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="128",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="256",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="512",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="1024",model="add_one",version="2"} 2',
-        'nereid_batch_size_bucket{le="+Inf",model="add_one",version="2"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="1"} 1',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="2"} 1',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="4"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="8"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="16"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="32"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="64"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="128"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="256"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="512"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="1024"} 2',
+        'nereid_batch_size_bucket{model="add_one",version="2",le="+Inf"} 2',
         'nereid_batch_size_count{model="add_one",version="2"} 2',
         'nereid_batch_size_sum{model="add_one",version="2"} 4',
         "# HELP nereid_queue_duration_us Time successful requests waited in the queue, in microseconds.",
@@ -214,3 +215,33 @@ def test_listener_keeps_the_connection_for_pipelined_requests() -> None:
 def test_listener_answers_garbage_with_400_and_closes() -> None:
     reply = _listen(lambda port: _exchange(port, b"HELLO\r\n\r\n"))
     assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_custom_families_are_written_as_tritons_prometheus_cpp_writes_them() -> None:
+    custom = CustomMetrics()
+    counter = custom.open_metric(custom.open_family("o", "latency_ns", "Cumulative time", MetricKind.COUNTER),
+                                 {"version": "1", "model": "m"}, None)
+    custom.increment(counter, 1.5e12)
+    histogram = custom.open_metric(custom.open_family("o", "sizes", "Sizes", MetricKind.HISTOGRAM), {"k": "v"},
+                                   [0.1, 2.5])
+    for value in (0.05, 1.5, 6.0):
+        custom.observe(histogram, value)
+    gauge = custom.open_metric(custom.open_family("o", "ratio", "A ratio", MetricKind.GAUGE), None, None)
+    custom.set(gauge, 0.1 + 0.2)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CustomMetricsCollector(custom))
+    assert render(registry).decode().splitlines() == [
+        "# HELP latency_ns Cumulative time",
+        "# TYPE latency_ns counter",
+        'latency_ns{model="m",version="1"} 1500000000000',
+        "# HELP sizes Sizes",
+        "# TYPE sizes histogram",
+        'sizes_count{k="v"} 3',
+        'sizes_sum{k="v"} 7.55',
+        'sizes_bucket{k="v",le="0.1"} 1',
+        'sizes_bucket{k="v",le="2.5"} 2',
+        'sizes_bucket{k="v",le="+Inf"} 3',
+        "# HELP ratio A ratio",
+        "# TYPE ratio gauge",
+        "ratio 0.3",  # 16 significant digits, as prometheus-cpp: not 0.30000000000000004
+    ]

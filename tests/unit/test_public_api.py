@@ -30,6 +30,7 @@ PUBLIC = [
     "ModelExecutionError",
     "RequestCancelledError",
     "InternalError",
+    "MetricError",
 ]
 
 

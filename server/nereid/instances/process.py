@@ -37,7 +37,9 @@ from nereid.instances.model_errors import model_exception
 from nereid.instances.outcome import BatchOutcome, StepSink
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass
+from nereid.instances.call_server import CallServer
 from nereid.instances.channel import Arena, ChannelClosed, write_arrays
+from nereid.triton_python.bls import BlsTarget
 from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
 from nereid.instances.supervisor import Slot, WorkerProcess
 
@@ -53,8 +55,11 @@ class ProcessInstance:
     """One instance in a process of its own (see the module docstring)."""
 
     def __init__(
-        self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None
+        self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None,
+        bls: BlsTarget | None = None,
     ) -> None:
+        """``bls``: where its model code's BLS requests go (None: not available); its
+        custom metrics go to ``context.metrics`` (``call_server.py``)."""
         self.model_file = model_file
         #: the server's fault log: outputs that do not match the config (model code's own
         #: failures are logged by the process)
@@ -76,7 +81,11 @@ class ProcessInstance:
         # the current one runs, and it waits in the process, inputs in, for its turn (not
         # under an execution timeout, which counts from the moment a batch is sent).
         slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
-        self.worker = WorkerProcess(model_file, context, slots + 1, self.capacity)  # + the control channel
+        self.bls = bls
+        self.worker = WorkerProcess(  # + the control channel
+            model_file, context, slots + 1, self.capacity,
+            serve_calls=lambda channel, loop: CallServer.of_instance(channel, context, bls, loop),
+        )
         self._threads = InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
         self._cost_generation = -1
@@ -227,6 +236,7 @@ class ProcessInstance:
                 except (ChannelClosed, OSError) as exc:
                     waiting.set_exception(ChannelClosed(str(exc)))
                 else:
+                    self.worker.drain_calls()  # the metric updates sent before this reply
                     # read: whatever becomes of the awaiting task, the slot is free and
                     # its outputs arena is the one this reply's arrays lie in
                     slot.busy = False
@@ -368,8 +378,12 @@ class ProcessInstance:
         ``sink`` on the loop; the generator is closed once ``abandoned()``."""
         loop = asyncio.get_running_loop()
 
+        def on_loop(parts: Any, finished: list[bool]) -> None:
+            self.worker.drain_calls()  # the metric updates sent before this step
+            sink(parts, finished)
+
         def deliver(parts: Any, finished: list[bool]) -> None:
-            loop.call_soon_threadsafe(sink, parts, finished)
+            loop.call_soon_threadsafe(on_loop, parts, finished)
 
         stream = self._triton_stream if self.model_class is not None and self.model_class.triton else self._stream
         outcome: BatchOutcome = await self._threads.call(stream, requests, deliver, abandoned)

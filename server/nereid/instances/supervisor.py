@@ -1,7 +1,8 @@
 """The process behind one process instance (``isolation = "process"``), and its supervisor.
 
 ``WorkerProcess`` starts ``python -m nereid.instances.worker`` (spawned, never forked: the server
-has threads, and may have CUDA) with one control channel and one channel per batch slot,
+has threads, and may have CUDA) with one control channel and one channel per batch slot
+(and the calls channel its model code asks the server on, served by ``call_server.py``),
 waits for the Model to be built, and hands out its slots. A supervisor thread waits for
 the process to end: unless the instance is closing, it marks the instance as restarting
 (``problem``), drops the dead process's slots (their waiting batches fail with
@@ -26,14 +27,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from nereid.context import ModelContext
 from nereid.errors import ModelLoadError
 from nereid.log import log_settings
 from nereid.instances.channel import Arena, Channel, ChannelClosed, socket_pair
 
-__all__ = ["Slot", "WorkerProcess", "describe_exit"]
+__all__ = ["ServedCalls", "Slot", "WorkerProcess", "describe_exit"]
 
 _log = logging.getLogger("nereid")
 
@@ -52,11 +53,20 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+class ServedCalls(Protocol):
+    """What serves a process's calls channel on the loop (``call_server.CallServer``)."""
+
+    @property
+    def holds_metrics(self) -> bool: ...
+    def drain(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 class _Process:
     """One started worker process and its channels (one per slot)."""
 
     def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int) -> None:
-        pairs = [socket_pair() for _ in range(slots)]
+        pairs = [socket_pair() for _ in range(slots + 1)]  # the last one: the calls channel
         child_fds = [pair[1].fileno() for pair in pairs]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.popen = subprocess.Popen(
@@ -66,10 +76,15 @@ class _Process:
         for pair in pairs:
             pair[1].close()
         self.channels = [Channel(pair[0]) for pair in pairs]
+        #: the channel the process asks the server on (custom metrics, BLS: ``calls.py``);
+        #: closed on the loop, which reads it (``WorkerProcess._stop_calls``)
+        self.calls = self.channels.pop()
+        #: what serves ``calls`` (None: not served, or stopped)
+        self.served_calls: ServedCalls | None = None
         #: the slots made from these channels (all but the first, which is for control).
         self.slots: list[Slot] = []
         self.channels[0].send({"model_file": model_file, "context": context, "log": log_settings(),
-                               "concurrency": concurrency})
+                               "concurrency": concurrency, "calls": True})
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -99,10 +114,16 @@ class Slot:
 class WorkerProcess:
     """The current process of one instance, its slots, and its supervisor."""
 
-    def __init__(self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None) -> None:
+    def __init__(
+        self, model_file: Path, context: ModelContext, slots: int, concurrency: int | None = None,
+        serve_calls: Callable[[Channel, asyncio.AbstractEventLoop], ServedCalls] | None = None,
+    ) -> None:
         """``slots`` channels (the first for control); at most ``concurrency`` batches run
         at once in the process (None: one per batch slot), the others wait there for
-        their turn, their inputs already in."""
+        their turn, their inputs already in. ``serve_calls(channel, loop)``, on the loop,
+        starts answering a new process's calls channel (from before its Model is built:
+        its ``__init__`` may call): ``call_server.CallServer``."""
+        self.serve_calls = serve_calls
         self.model_file = model_file
         self.context = context
         self.name = context.instance_name
@@ -146,12 +167,14 @@ class WorkerProcess:
     def _spawn(self) -> dict[str, Any]:
         """Start a process and wait for its "ready" (runs on a thread)."""
         process = _Process(self.model_file, self.context, self.slot_count, self.concurrency)  # + one channel for batch_size
+        self._on_loop(lambda: self._start_calls(process))
         try:
             message, _ = process.channels[0].recv(_START_TIMEOUT_S)
         except (ChannelClosed, TimeoutError) as exc:
             process.kill()
             returncode = process.popen.wait()
             process.close_channels()
+            self._on_loop(lambda: self._stop_calls(process))
             cause = describe_exit(returncode) if not isinstance(exc, TimeoutError) else "timed out starting"
             raise ModelLoadError(
                 self.context.model_name, f"{self.model_file}: instance {self.name}'s process {cause} while loading"
@@ -159,6 +182,7 @@ class WorkerProcess:
         if message[0] != "ready":  # ("load-error", reason): worded as for a thread instance
             process.popen.wait()
             process.close_channels()
+            self._on_loop(lambda: self._stop_calls(process))
             raise ModelLoadError(self.context.model_name, message[1], str(self.model_file))
         with self._lock:
             self.generation += 1
@@ -173,6 +197,25 @@ class WorkerProcess:
         self._ready.set()
         self._on_loop(self._ready_on_loop.set if self._ready_on_loop is not None else None)
         return message[1]  # type: ignore[no-any-return]
+
+    def _start_calls(self, process: _Process) -> None:
+        if self.serve_calls is not None and self.loop is not None:
+            process.served_calls = self.serve_calls(process.calls, self.loop)
+
+    def _stop_calls(self, process: _Process) -> None:
+        """On the loop: stop reading a process's calls channel, then close it."""
+        served, process.served_calls = process.served_calls, None
+        if served is not None:
+            served.stop()
+        process.calls.close()
+
+    def drain_calls(self) -> None:
+        """On the loop: handle what the current process sent on its calls channel before
+        the reply just read (its metric updates; nothing to do when it holds none)."""
+        process = self.process
+        served = process.served_calls if process is not None else None
+        if served is not None and served.holds_metrics:
+            served.drain()
 
     def _on_loop(self, fn: Callable[[], object] | None) -> None:
         loop = self.loop
@@ -222,6 +265,7 @@ class WorkerProcess:
             process = self.process
         if process is not None:
             await asyncio.to_thread(self._close_process, process)
+            self._stop_calls(process)
 
     def _close_process(self, process: _Process) -> None:
         channel = process.channels[0]
@@ -308,6 +352,7 @@ class WorkerProcess:
             if slot.waiting is not None and not slot.waiting.done():
                 slot.waiting.set_exception(ChannelClosed("the instance's process ended"))
         process.close_channels()
+        self._stop_calls(process)
 
     def died(self, timeout_ms: int | None) -> str:
         """The process's end, as the cause of the batch it was running: killed here at

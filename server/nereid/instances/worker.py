@@ -5,7 +5,8 @@ It imports ``model.py``, builds the ``Model`` with its ``ModelContext`` (on its 
 says "ready" with what it learnt of the class, then serves each of its channels on a
 thread of its own: ``infer`` (inputs from the server's arena, outputs into its own),
 ``stream`` (a decoupled model's steps, one acknowledged message each), ``batch_size``
-and ``close``. Model faults are logged here, with their traceback (the server only
+and ``close``. Model code's custom metrics and BLS requests go to the server on the
+calls channel (``calls.py``), its queued metric updates sent before each reply. Model faults are logged here, with their traceback (the server only
 reports them to the client). It ends when the server closes its channels, when told to
 close, and when the server process dies (the kernel's parent-death signal).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import inspect
 import logging
 import os
@@ -33,6 +35,7 @@ from nereid.errors import ModelLoadError, NereidError
 from nereid.log import configure_logging
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
+from nereid.instances.calls import MetricsProxy, ProcessBls, ServerCalls
 from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
 from nereid.triton_python.adapter import TritonModel
 
@@ -87,9 +90,13 @@ def _picklable(value: Any) -> bool:
 
 
 class _Worker:
-    def __init__(self, channels: list[Channel], init: dict[str, Any]) -> None:
+    def __init__(self, channels: list[Channel], init: dict[str, Any], calls: ServerCalls | None = None) -> None:
         self.channels = channels
+        #: the way to the server for model code's custom metrics and BLS requests
+        self.calls = calls
         self.context = init["context"]
+        if calls is not None:
+            self.context = dataclasses.replace(self.context, metrics=MetricsProxy(calls))
         #: this process's own fault log (its model's failures, logged here with their tracebacks)
         self.faults = FaultLog()
         self.model_class: ModelClass = load_model_class(
@@ -116,7 +123,7 @@ class _Worker:
         self.turns = threading.Semaphore(init.get("concurrency") or len(channels))
         try:
             if self.model_class.triton:
-                self.model = TritonModel(cls, self.context)
+                self.model = TritonModel(cls, self.context, ProcessBls(calls) if calls is not None else None)
             else:
                 self.model = cls(self.context) if self.model_class.init_takes_context else cls()
         except BaseException as exc:
@@ -126,6 +133,13 @@ class _Worker:
                 f"{init['model_file']}: Model.__init__ failed for instance {self.context.instance_name}: "
                 f"{describe_exception(exc)}",
             ) from exc
+        self.flush()
+
+    def flush(self) -> None:
+        """Send the metric updates model code queued (before a reply: a scrape after the
+        response sees them)."""
+        if self.calls is not None:
+            self.calls.flush()
 
     def traits(self) -> dict[str, Any]:
         mc = self.model_class
@@ -192,9 +206,13 @@ class _Worker:
 
     def _reply(self, channel: Channel, stage: str, fn: Any) -> None:
         try:
-            channel.send(("ok", fn()))
+            result = fn()
         except BaseException as exc:  # model code: every exception is the model's fault
+            self.flush()
             channel.send(self._fault(stage, exc))
+        else:
+            self.flush()
+            channel.send(("ok", result))
 
     def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
         """One batch: its turn is held while the model runs and its outputs come to the
@@ -206,6 +224,7 @@ class _Worker:
                 outputs = worker_outputs(self._call(self.model.infer, inputs, *params))
             except BaseException as exc:
                 error = self._fault("infer", exc)
+        self.flush()
         if error is not None:
             channel.send(error)
             return
@@ -247,6 +266,7 @@ class _Worker:
                 raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
             try:
                 for step in steps:
+                    self.flush()
                     self._send_outputs(channel, arena, "step", worker_outputs(step))
                     ack, _ = channel.recv()
                     if ack[0] != "more":
@@ -256,8 +276,10 @@ class _Worker:
         except ChannelClosed:
             raise
         except BaseException as exc:
+            self.flush()
             channel.send(self._fault("infer", exc))
             return
+        self.flush()
         channel.send(("end",))
 
     def _triton(self, channel: Channel, requests: list[Any]) -> None:
@@ -266,8 +288,10 @@ class _Worker:
         try:
             answers = self.model.execute(requests)
         except BaseException as exc:
+            self.flush()
             channel.send(self._fault("infer", exc))
             return
+        self.flush()
         try:
             channel.send(("ok-triton", [_portable(answer) for answer in answers]))
         except _PICKLE_ERRORS as exc:
@@ -279,12 +303,14 @@ class _Worker:
         ("started",) once execute has returned (or its error)."""
 
         def deliver(index: int, answer: Any, final: bool) -> None:
+            self.flush()
             with self.send_lock:
                 channel.send(("step", index, None if answer is None else _portable(answer), final))
 
         try:
             self.model.execute_decoupled(requests, deliver, lambda index: False)
         except BaseException as exc:
+            self.flush()
             with self.send_lock:
                 channel.send(self._fault("infer", exc))
             return
@@ -300,6 +326,7 @@ class _Worker:
                 self._call(self.model.close)
             except BaseException as exc:  # model code
                 reply = self._fault("close", exc)
+        self.flush()
         self.faults.flush(self.context.model_name, self.context.model_version)
         channel.send(reply)
 
@@ -365,11 +392,12 @@ def run_worker(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     channels = [Channel(socket.socket(fileno=fd)) for fd in fds]
     init, _ = channels[0].recv()
+    calls = ServerCalls(channels.pop()) if init.get("calls") else None
     settings = init["log"]
     configure_logging(settings.log_verbose_level, settings.log_format, info=settings.log_info,
                       warning=settings.log_warning, error=settings.log_error)
     try:
-        worker = _Worker(channels, init)
+        worker = _Worker(channels, init, calls)
     except BaseException as exc:  # import or __init__: the server makes the model UNAVAILABLE
         # the reason, as a thread instance's load words it (load_model_class's own, the
         # __init__ one above, else the model loader's "<file>: <exception>")

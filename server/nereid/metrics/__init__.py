@@ -1,5 +1,5 @@
 """Prometheus metrics for the metrics port: Triton's per-model series plus nereid's
-batching view, read from ModelStats at scrape time, and the tiny listener serving
+batching view, read from ModelStats at scrape time, the custom families model code makes, and the tiny listener serving
 them (``collector.py``, ``listener.py``).
 
 The only module that knows prometheus_client. Each server builds its own ``Metrics``
@@ -24,6 +24,7 @@ Two choices worth knowing:
 from nereid.metrics.collector import (
     BATCH_SIZE_BUCKETS,
     CONTENT_TYPE,
+    CustomMetricsCollector,
     Metrics,
     ModelReading,
     ModelStatsCollector,
@@ -34,6 +35,7 @@ from nereid.metrics.listener import MetricsListener
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "CONTENT_TYPE",
+    "CustomMetricsCollector",
     "Metrics",
     "MetricsListener",
     "ModelReading",

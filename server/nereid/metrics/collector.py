@@ -1,6 +1,6 @@
 """The metric families of one server: Triton's per-model series plus nereid's batching
 view, read from ModelStats at scrape time (``ModelStatsCollector``), the refusals of
-restricted groups, each server's own registry (``Metrics``), and the Prometheus text
+restricted groups, the families model code made (``CustomMetricsCollector``), each server's own registry (``Metrics``), and the Prometheus text
 they are rendered as (``render``). The listener serving them is ``listener.py``'s.
 """
 
@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from nereid.custom_metrics import CustomMetrics, FamilyReading, MetricKind
 from nereid.network.access import Refusals
 from nereid.models.manager import ModelManager
 from nereid.stats import QUEUE_BUCKETS_US, ModelStats
@@ -21,6 +22,7 @@ from nereid.stats import QUEUE_BUCKETS_US, ModelStats
 __all__ = [
     "BATCH_SIZE_BUCKETS",
     "CONTENT_TYPE",
+    "CustomMetricsCollector",
     "Metrics",
     "ModelReading",
     "ModelStatsCollector",
@@ -209,7 +211,9 @@ def render(registry: CollectorRegistry) -> bytes:
         lines.append(f"# TYPE {name} {_TYPE_NAMES.get(metric.type, metric.type)}")
         for sample in samples:
             if sample.labels:
-                labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(sample.labels.items()))
+                # sorted, ``le`` last: prometheus-cpp's (Triton's) order
+                ordered = sorted(sample.labels.items(), key=lambda item: (item[0] == "le", item[0]))
+                labels = ",".join(f'{key}="{_escape(value)}"' for key, value in ordered)
                 lines.append(f"{sample.name}{{{labels}}} {_number(sample.value)}")
             else:
                 lines.append(f"{sample.name} {_number(sample.value)}")
@@ -226,6 +230,8 @@ def _number(value: float) -> str:
     Python's shortest repr; NaN and infinities in Prometheus' spelling."""
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, _Exact):
+        return _cpp_number(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -233,6 +239,49 @@ def _number(value: float) -> str:
     if value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)
+
+
+# -- custom metrics (model code's) ----------------------------------------------------------
+
+
+class CustomMetricsCollector(Collector):
+    """The families model code made (``pb_utils.MetricFamily``, ``context.metric_family``),
+    written as Triton's prometheus-cpp writes them: a histogram's ``_count`` and ``_sum``
+    before its buckets, values with 16 significant digits."""
+
+    def __init__(self, registry: CustomMetrics) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.read():
+            yield _custom_family(family)
+
+
+def _custom_family(family: FamilyReading) -> Metric:
+    metric = Metric(family.name, family.description, family.kind.value)
+    for series in family.series:
+        labels = dict(series.labels)
+        if family.kind is not MetricKind.HISTOGRAM:
+            metric.add_sample(family.name, labels, _Exact(series.value))
+            continue
+        metric.add_sample(family.name + "_count", labels, series.count)
+        metric.add_sample(family.name + "_sum", labels, _Exact(series.total))
+        for bound, count in zip((*series.bounds, math.inf), series.cumulative):
+            metric.add_sample(family.name + "_bucket", {**labels, "le": _cpp_number(bound)}, count)
+    return metric
+
+
+class _Exact(float):
+    """A value written as prometheus-cpp writes a double (``render``)."""
+
+
+def _cpp_number(value: float) -> str:
+    """A double as prometheus-cpp writes it (``%.16g``; ``+Inf``, ``NaN``)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return format(value, ".16g")
 
 
 # -- the server's metrics -----------------------------------------------------------------
@@ -265,6 +314,7 @@ class Metrics:
         self.registry.register(ModelStatsCollector(lambda: read_models(manager)))
         if refusals is not None:
             self.registry.register(RefusalsCollector(refusals))
+        self.registry.register(CustomMetricsCollector(manager.custom_metrics))
 
     def render(self) -> bytes:
         return render(self.registry)

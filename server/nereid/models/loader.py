@@ -24,6 +24,7 @@ from nereid.config import to_triton_json
 from nereid.config.schema import ModelConfig, ModelTransactionPolicy
 from nereid.context import ModelContext
 from nereid.ensembles import EnsembleScheduler, StepModels, decoupled_problem, ensemble_problem
+from nereid.custom_metrics import CustomMetrics, OwnedMetrics
 from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
@@ -56,11 +57,15 @@ class Loader(Protocol):
 class ModelLoader:
     """The real Loader: model files from the repository, instances on their devices."""
 
-    def __init__(self, bls: BlsTarget | None = None, steps: StepModels | None = None) -> None:
+    def __init__(
+        self, bls: BlsTarget | None = None, steps: StepModels | None = None, custom_metrics: CustomMetrics | None = None
+    ) -> None:
         """``bls``: where its Triton models' BLS requests go (None: BLS not available);
-        ``steps``: where its ensembles find their steps' models (None: no ensembles)."""
+        ``steps``: where its ensembles find their steps' models (None: no ensembles);
+        ``custom_metrics``: where its models' metric families go (None: a registry of its own)."""
         self.bls = bls
         self.steps = steps
+        self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self._gpus = GpuInventory()
         #: this server's log of model-code failures (each traceback once, repeats counted)
         self.faults = FaultLog()
@@ -97,6 +102,7 @@ class ModelLoader:
                 )
             for index, (group, device) in enumerate(groups):
                 context = _instance_context(name, config, config_json, version, index, device)
+                context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
                 # a sequence model's instances also take its control and state tensors
                 await self._start_instance(instances, isolation_of(group), model_class, context,
                                            execution_config(config), version)
@@ -119,6 +125,7 @@ class ModelLoader:
         except BaseException as exc:
             for instance in instances:
                 await instance.close()
+                _release_metrics(instance.context)
             self.faults.flush(name, version.version)  # the next load attempt logs its failures afresh
             if model_class is not None:
                 unload_model_module(model_class)
@@ -179,7 +186,7 @@ class ModelLoader:
         (constructors one at a time)."""
         instance: ModelInstance | ProcessInstance
         if isolation == "process":
-            instance = ProcessInstance(version.model_file, context, config, self.faults)
+            instance = ProcessInstance(version.model_file, context, config, self.faults, self.bls)
             instances.append(instance)
             await instance.start()  # its own process: no import lock needed
             return
@@ -205,6 +212,7 @@ class ModelLoader:
             )
         for instance in serving.instances:
             await instance.close(abandoned=f"{serving.name}:{serving.version}" in self.abandoned)
+            _release_metrics(instance.context)  # its metric families leave /metrics (as Triton's)
         self.faults.flush(serving.name, serving.version)  # its last repeats; a new load logs afresh
         if serving.model_class is not None:  # an ensemble has none
             unload_model_module(serving.model_class)
@@ -240,6 +248,12 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         streaming=config.decoupled,
         execution_timeout_ms=config.execution_timeout_ms,
     )
+
+
+def _release_metrics(context: ModelContext) -> None:
+    """Close the metric handles an instance's model code still held."""
+    if isinstance(context.metrics, OwnedMetrics):
+        context.metrics.release_all()
 
 
 def _instance_context(

@@ -31,6 +31,7 @@ from nereid.models.states import (
 )
 from nereid.options import MODEL_CONTROL_MODES
 from nereid.triton_python.bls import BlsTarget
+from nereid.custom_metrics import CustomMetrics
 from nereid.repository.scan import (
     ModelSource,
     Repositories,
@@ -98,7 +99,12 @@ class ModelManager:
         self.mode = mode
         self.startup_models = tuple(startup_models)
         self.poll_secs = poll_secs
-        self._loader: Loader = loader if loader is not None else ModelLoader(bls=bls, steps=self)
+        #: the metric families its models make (context.metric_family, pb_utils.MetricFamily)
+        self.custom_metrics = CustomMetrics()
+        self._loader: Loader = (
+            loader if loader is not None
+            else ModelLoader(bls=bls, steps=self, custom_metrics=self.custom_metrics)
+        )
         self._records: dict[str, ModelRecord] = {}
         # name -> latest READY version, for the hot path
         self._latest: dict[str, ServingModel] = {}

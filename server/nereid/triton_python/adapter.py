@@ -11,11 +11,12 @@ fails only its request); ``execute_decoupled`` hands each sent response to ``del
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import sys
 import types
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from nereid.context import ModelContext
 from nereid.errors import (
@@ -29,7 +30,8 @@ from nereid.errors import (
 )
 from nereid.inference import InferRequest
 from nereid.triton_python import pb_utils
-from nereid.triton_python.bls import BlsTarget, calls_through
+from nereid.triton_python.bls import BlsTarget, NotToItself, calls_through
+from nereid.triton_python.metrics import metrics_through
 
 __all__ = ["MODULE_NAME", "TritonModel", "install_pb_utils"]
 
@@ -61,11 +63,15 @@ def is_triton_model(module: types.ModuleType) -> bool:
 
 class TritonModel:
     """One instance of a user's TritonPythonModel, built on the instance's thread.
-    ``bls``: where its BLS requests go (its server's models; None: BLS not available)."""
+    ``bls``: where its BLS requests go (its server's models; None: BLS not available);
+    its custom metrics go to ``context.metrics``."""
 
     def __init__(self, triton_class: type, context: ModelContext, bls: BlsTarget | None = None) -> None:
         self.name = context.model_name
+        if bls is not None and _instance_count(context.config) == 1:
+            bls = NotToItself(bls, context.model_name, context.instance_name)
         self.bls = bls
+        self.metrics = context.metrics
         self.model = triton_class()
         config = dict(context.config)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
@@ -81,13 +87,13 @@ class TritonModel:
         }
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            with calls_through(bls):
+            with self._server_calls():
                 initialize(args)
 
     def execute(self, requests: Sequence[InferRequest]) -> list[RequestAnswer]:
         """One answer per request, in order. Raises what the model raises (the whole batch
         fails), or ModelExecutionError when ``execute`` does not answer every request."""
-        with calls_through(self.bls):
+        with self._server_calls():
             responses = _settled(self.model.execute([self._request(request) for request in requests]))
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
@@ -115,7 +121,7 @@ class TritonModel:
             wrapped._sender = pb_utils.InferenceResponseSender(send)
             wrapped._cancelled = lambda index=index: cancelled(index)  # type: ignore[misc]
             batch.append(wrapped)
-        with calls_through(self.bls):
+        with self._server_calls():
             result = _settled(self.model.execute(batch))
         if result is not None:
             raise ModelExecutionError(
@@ -127,7 +133,14 @@ class TritonModel:
     def close(self) -> None:
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
-            finalize()
+            with self._server_calls():
+                finalize()
+
+    @contextlib.contextmanager
+    def _server_calls(self) -> Iterator[None]:
+        """Model code in this block reaches its server: BLS requests, custom metrics."""
+        with calls_through(self.bls), metrics_through(self.metrics):
+            yield
 
     @staticmethod
     def _request(request: InferRequest) -> pb_utils.InferenceRequest:
@@ -158,6 +171,16 @@ class TritonModel:
                 return ModelExecutionError(error.message(), model=self.name)
             return kind(error.message())
         return {tensor.name(): tensor._value() for tensor in response.output_tensors()}
+
+
+def _instance_count(config: Any) -> int:
+    """The instances of a model, from its Triton JSON config (``count`` per group, per
+    GPU of a KIND_GPU group)."""
+    total = 0
+    for group in config.get("instance_group", ()):
+        gpus = group.get("gpus") or ()
+        total += int(group.get("count", 1)) * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    return total
 
 
 def _settled(result: Any) -> Any:

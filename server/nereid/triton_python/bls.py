@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 if TYPE_CHECKING:
     from nereid.triton_python.messages import InferenceRequest, InferenceResponse
 
-__all__ = ["BlsTarget", "calls_through", "current_target"]
+__all__ = ["BlsTarget", "NotToItself", "calls_through", "current_target"]
 
 
 class BlsTarget(Protocol):
@@ -32,8 +32,38 @@ class BlsTarget(Protocol):
         """Run ``request`` on the named (decoupled) model; its responses as they come."""
 
 
-#: The target of the model code running in this context (None: no server, or a process
-#: instance, where BLS is not available). A context variable, not shared state.
+class NotToItself:
+    """A model's BLS target when the model has one instance: a request to the model
+    itself is an error response (UNAVAILABLE) instead of a wait for ever (its only
+    instance is the caller); requests to other models go to ``target``."""
+
+    def __init__(self, target: BlsTarget, model: str, instance: str) -> None:
+        self.target = target
+        self.model = model
+        self.instance = instance
+
+    def infer(self, request: InferenceRequest, /) -> InferenceResponse:
+        refused = self._refused(request)
+        return refused if refused is not None else self.target.infer(request)
+
+    def stream(self, request: InferenceRequest, /) -> Iterator[InferenceResponse]:
+        refused = self._refused(request)
+        return iter((refused,)) if refused is not None else self.target.stream(request)
+
+    def _refused(self, request: InferenceRequest) -> InferenceResponse | None:
+        if request.model_name() != self.model:
+            return None
+        from nereid.triton_python.messages import InferenceResponse, TritonError
+
+        return InferenceResponse(error=TritonError(
+            f'BLS request from model "{self.model}" instance {self.instance} to its own model: "{self.model}" '
+            "has no other instance to run it (it would wait for itself); give it a second instance",
+            TritonError.UNAVAILABLE,
+        ))
+
+
+#: The target of the model code running in this context (None: no server, where BLS is
+#: not available). A context variable, not shared state.
 _target: contextvars.ContextVar[BlsTarget | None] = contextvars.ContextVar("nereid_bls_target", default=None)
 
 

@@ -262,8 +262,8 @@ class InferenceRequest:
         target = current_target()
         if target is None:
             raise TritonModelException(
-                "BLS is not available here (a process instance, no server, or a thread the model started "
-                "outside its execute's context)"
+                "BLS is not available here (no server, or a thread the model started outside its execute's "
+                "context)"
             )
         return target.stream(self) if decoupled else target.infer(self)
 

@@ -4,7 +4,8 @@ The names and behaviour of the module Triton's Python-backend stub provides, bac
 nereid's own objects: the messages (``Tensor``, ``InferenceRequest``, ``InferenceResponse``,
 ``TritonError`` & co: ``messages.py``), ``ModelConfig`` for ``auto_complete_config``
 (``auto_complete_config.py``), and here the config helpers (``get_input_config_by_name``
-& co), the dtype helpers, ``Logger`` and the flags. ``adapter.py`` registers this module as
+& co), the dtype helpers, ``Logger`` and the flags; custom metrics (``MetricFamily``,
+``Metric``: ``metrics.py``). ``adapter.py`` registers this module as
 ``triton_python_backend_utils`` before a model file is imported.
 
 BLS: ``InferenceRequest.exec()`` / ``async_exec()`` run through the batcher of the named
@@ -19,6 +20,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from nereid.triton_python.auto_complete_config import ModelConfig
+from nereid.triton_python.metrics import Metric, MetricFamily
 from nereid.triton_python.messages import (
     NUMBERED_TYPES,
     TRITONSERVER_REQUEST_RELEASE_ALL,
@@ -36,7 +38,8 @@ from nereid.triton_python.messages import (
 )
 
 __all__ = [
-    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "Logger", "ModelConfig", "Tensor",
+    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "Logger", "Metric", "MetricFamily",
+    "ModelConfig", "Tensor",
     "TritonError", "TritonModelException", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",

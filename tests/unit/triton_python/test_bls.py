@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from nereid.triton_python import pb_utils
-from nereid.triton_python.bls import BlsTarget, calls_through, current_target
+from nereid.triton_python.bls import BlsTarget, NotToItself, calls_through, current_target
 
 
 class Target:
@@ -75,3 +75,14 @@ def test_two_threads_each_see_only_their_own_target() -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first, second = pool.map(model_thread, ["first", "second"])
     assert set(first) == {"first"} and set(second) == {"second"}
+
+
+def test_a_single_instance_model_calling_itself_gets_an_error_not_a_wait() -> None:
+    guarded = NotToItself(Target("server"), "me", "me_0")
+    to_itself = pb_utils.InferenceRequest(model_name="me", inputs=[], requested_output_names=[])
+    expected = ('BLS request from model "me" instance me_0 to its own model: "me" has no other instance to run it '
+                "(it would wait for itself); give it a second instance")
+    for response in (guarded.infer(to_itself), *guarded.stream(to_itself)):
+        error = response.error()
+        assert error is not None and (error.message(), error.code()) == (expected, pb_utils.TritonError.UNAVAILABLE)
+    assert server_of(guarded.infer(request())) == "server"  # other models: as before
