@@ -185,10 +185,11 @@ def test_concurrent_ensemble_requests_are_batched_per_step(repo: RepoBuilder, se
     raws = [np.full((1, 4), i, dtype=np.float32) for i in range(4)]
 
     def call(raw: np.ndarray) -> np.ndarray:
-        client = httpclient.InferenceServerClient(server.url, network_timeout=120)
-        infer_input = httpclient.InferInput("RAW", [1, 4], "FP32")
-        infer_input.set_data_from_numpy(raw)
-        return client.infer("chain", [infer_input]).as_numpy("RESULT")  # type: ignore[no-any-return]
+        # closed in the thread that made it (tritonclient's gevent pool must not be closed from another)
+        with httpclient.InferenceServerClient(server.url, network_timeout=120) as client:
+            infer_input = httpclient.InferInput("RAW", [1, 4], "FP32")
+            infer_input.set_data_from_numpy(raw)
+            return client.infer("chain", [infer_input]).as_numpy("RESULT")  # type: ignore[no-any-return]
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(call, raws))

@@ -285,7 +285,8 @@ def test_interleaved_http_sequences_from_several_threads_each_keep_their_own_sta
 
     results = _run_threads(6, sequence)
     assert results == {index: _expected(index, steps) for index in range(6)}
-    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("acc")["model_stats"][0]
+    with httpclient.InferenceServerClient(server.url) as one_off:
+        stats = one_off.get_inference_statistics("acc")["model_stats"][0]
     assert stats["inference_stats"]["success"]["count"] == 36
 
 
@@ -446,7 +447,8 @@ def test_perf_analyzer_drives_a_sequence_model(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "error" not in output.lower(), output
-    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("acc")["model_stats"][0]
+    with httpclient.InferenceServerClient(server.url) as one_off:
+        stats = one_off.get_inference_statistics("acc")["model_stats"][0]
     assert stats["inference_stats"]["fail"]["count"] == 0
     assert stats["inference_stats"]["success"]["count"] > 0
 

@@ -371,7 +371,8 @@ def test_perf_analyzer_runs_clean_with_system_shared_memory(server: RunningServe
         "NEREID_PERF_ANALYZER_DIR"
     ):
         pytest.skip("perf_analyzer is not installed (make perf-analyzer)")
-    before = httpclient.InferenceServerClient(server.url).get_inference_statistics("identity")["model_stats"][0]
+    with httpclient.InferenceServerClient(server.url) as one_off:
+        before = one_off.get_inference_statistics("identity")["model_stats"][0]
     # -s 100: on a shared CI machine latency swings more than the default 10 %; this run
     # checks correctness over shared memory, not speed.
     run = subprocess.run(
@@ -382,7 +383,8 @@ def test_perf_analyzer_runs_clean_with_system_shared_memory(server: RunningServe
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert "error" not in output.lower(), output
-    after = httpclient.InferenceServerClient(server.url).get_inference_statistics("identity")["model_stats"][0]
+    with httpclient.InferenceServerClient(server.url) as one_off:
+        after = one_off.get_inference_statistics("identity")["model_stats"][0]
     assert after["inference_stats"]["success"]["count"] > before["inference_stats"]["success"]["count"]
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"]
     # perf_analyzer unregisters its regions on exit.

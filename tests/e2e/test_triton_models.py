@@ -230,7 +230,8 @@ def test_the_decoupled_example_in_a_process_instance(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "PASS: square_int32" in result.stdout
-        config_json = httpclient.InferenceServerClient(server.url).get_model_config("square_int32")
+        with httpclient.InferenceServerClient(server.url) as one_off:
+            config_json = one_off.get_model_config("square_int32")
         assert config_json["parameters"]["instance_group.squares.isolation"] == {"string_value": "process"}
     finally:
         server.stop()
