@@ -30,7 +30,7 @@ from nereid.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
-from nereid.inference import InferRequest
+from nereid.inference import ComputeTotals, InferRequest
 from nereid.stats import ModelStats
 
 __all__ = ["EnsembleScheduler", "EnsembleTicket"]
@@ -123,13 +123,13 @@ class EnsembleScheduler:
                     timeout_us: int | None = None) -> dict[str, np.ndarray]:
         """Run one ensemble request; the ensemble's outputs. A step's failure fails it,
         with the step's error class and ``in ensemble 'E', step 'S': <its message>``."""
-        return await self._run(request, self._received(received_ns))
+        return await self._run(request, *self._arrived(received_ns))
 
     def submit(self, request: InferRequest, received_ns: int | None, on_answer: OnAnswer, *, priority: int = 0,
                timeout_us: int | None = None) -> EnsembleTicket:
         """Start one ensemble request; ``on_answer(outputs, error)`` is called once with
         its answer (a CancelledError when withdrawn)."""
-        task = asyncio.get_running_loop().create_task(self._run(request, self._received(received_ns)))
+        task = asyncio.get_running_loop().create_task(self._run(request, *self._arrived(received_ns)))
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._answer(done, on_answer))
         return EnsembleTicket(task)
@@ -139,15 +139,18 @@ class EnsembleScheduler:
         """The ensemble's responses as they come: one per flow that completes its outputs
         (one in all for an ensemble without decoupled steps). Leaving early cancels the
         steps still running."""
-        responses = self._counted(request, self._received(received_ns))
+        responses = self._counted(request, *self._arrived(received_ns))
         async with contextlib.aclosing(responses):
             async for outputs in responses:
                 yield outputs
 
-    def _received(self, received_ns: int | None) -> int:
+    def _arrived(self, received_ns: int | None) -> tuple[int, int]:
+        """(when the request was received, when it reached this scheduler: Triton's
+        queue start of an ensemble request, EnsembleScheduler::Enqueue)."""
         if self._closed:
             raise UnavailableError(f"model '{self.name}' was unloaded")
-        return self._clock() if received_ns is None else received_ns
+        now = self._clock()
+        return (now if received_ns is None else received_ns), now
 
     def _answer(self, task: asyncio.Task[dict[str, np.ndarray]], on_answer: OnAnswer) -> None:
         self._tasks.discard(task)
@@ -163,23 +166,29 @@ class EnsembleScheduler:
 
     # -- statistics around the dataflow ---------------------------------------------------
 
-    async def _run(self, request: InferRequest, received_ns: int) -> dict[str, np.ndarray]:
+    async def _run(self, request: InferRequest, received_ns: int, enqueued_ns: int) -> dict[str, np.ndarray]:
         """The request's one response (a decoupled ensemble's last), counted."""
         last: dict[str, np.ndarray] | None = None
-        async for outputs in self._counted(request, received_ns):
+        async for outputs in self._counted(request, received_ns, enqueued_ns):
             last = outputs
         if last is None:
             raise InternalError(f"ensemble '{self.name}': its steps gave no response")
         return last
 
-    async def _counted(self, request: InferRequest, received_ns: int) -> AsyncGenerator[dict[str, np.ndarray], None]:
+    async def _counted(self, request: InferRequest, received_ns: int,
+                       enqueued_ns: int) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The dataflow's responses; the request counted in the ensemble's statistics when
-        it ends (success, or failure with Triton's reason; leaving early: CANCELED)."""
+        it ends, as Triton's RequestTracker counts it: on success, one execution of the
+        request's batch size whose compute_input, compute_infer and compute_output are
+        the sums of what its step requests were charged (their batches' compute times),
+        and a queue time from its arrival here to its first steps' start; on failure,
+        Triton's reason (leaving early: CANCELED)."""
         started = self._clock()
+        totals = ComputeTotals()
         self._inflight += 1
         self._idle.clear()
         try:
-            responses = self._flow.responses(request)
+            responses = self._flow.responses(request, totals)
             async with contextlib.aclosing(responses):
                 async for outputs in responses:
                     yield outputs
@@ -190,11 +199,11 @@ class EnsembleScheduler:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
-        ended = self._clock()
-        # Triton charges an ensemble request the steps' compute; here the time its steps
-        # took, from the first step's start to the last one's end, as compute_infer.
-        self._stats.record_batch(max(request.rows, 1), ended - received_ns, [started - received_ns],
-                                 (0, ended - started, 0), None)
+        compute = (totals.input_ns, totals.infer_ns, totals.output_ns)
+        self._stats.record_batch(max(request.rows, 1), self._clock() - received_ns, [started - enqueued_ns],
+                                 compute, None)
+        if request.compute_totals is not None:  # a step of an outer ensemble: charged there too
+            request.compute_totals.add(*compute)
 
 
 class EnsembleTicket:
