@@ -93,27 +93,45 @@ class EnsembleScheduler:
     def problem(self) -> str | None:
         """Why the ensemble cannot serve now (Triton's words): a step's model has no
         READY version (or not the one the step names), or the step models' configs no
-        longer fit the ensemble (a step model reloaded with other inputs); None when it can."""
+        longer fit the ensemble (a step model reloaded with other inputs), or a step
+        model cannot serve now; None when it can."""
+        found = self._problem()
+        return None if found is None else found[0]
+
+    @property
+    def withdrawn(self) -> bool:
+        """True when Triton would have unloaded the ensemble: its dependency check fails
+        (a step model with no loaded version or not the required one, or one that no
+        longer fits), and ModelRepositoryManager::LoadModelByDependency unloads an
+        ensemble whose check fails, leaving it UNAVAILABLE with the reason "unloaded"
+        (which strict readiness accepts) until the step model is back. False when it
+        serves, or when only a step model's instances cannot serve now (Triton keeps
+        the ensemble loaded then)."""
+        found = self._problem()
+        return found is not None and found[1]
+
+    def _problem(self) -> tuple[str, bool] | None:
+        """(why the ensemble cannot serve, whether Triton would have unloaded it), or None."""
         configs = []
         for step in self._flow.steps:
             try:
                 model = self._flow.model(step)
             except NereidError:
                 if step.model_version == -1:
-                    return f"ensemble '{self.name}' depends on '{step.model_name}' which has no loaded version"
+                    return f"ensemble '{self.name}' depends on '{step.model_name}' which has no loaded version", True
                 return (f"ensemble '{self.name}' depends on '{step.model_name}' whose required version "
-                        f"{step.model_version} is not loaded")
+                        f"{step.model_version} is not loaded"), True
             if model.problem is not None:
-                return f"ensemble '{self.name}' depends on '{step.model_name}': {model.problem}"
+                return f"ensemble '{self.name}' depends on '{step.model_name}': {model.problem}", False
             configs.append(model.config)
         key = tuple(id(config) for config in configs)
         if key != self._checked:
             problem = ensemble_problem(self.config, configs)
             if problem is not None:
-                return problem
+                return problem, True
             if decoupled_problem(self.config, configs)[1] != self.config.decoupled:
                 return (f"ensemble '{self.name}': a step model's decoupled setting changed since the ensemble "
-                        "loaded; load the ensemble again")
+                        "loaded; load the ensemble again"), True
             self._checked = key
         return None
 

@@ -281,6 +281,22 @@ def test_the_ensemble_says_why_it_cannot_serve_while_a_step_model_is_missing_or_
     assert scheduler.problem == "in ensemble 'ens', ensemble tensor 'B' is mapped from non-existing output 'Y' in model 'b'"
 
 
+def test_the_ensemble_counts_as_unloaded_when_triton_would_have_unloaded_it() -> None:
+    """Triton unloads an ensemble whose step model is gone or no longer fits
+    (LoadModelByDependency); it keeps it loaded while a step's instances cannot serve."""
+    scheduler, models, _ = diamond()
+    assert not scheduler.withdrawn
+    b = models.steps.pop("b")
+    assert scheduler.withdrawn
+    models.steps["b"] = b
+    assert not scheduler.withdrawn
+    b.problem = "no instance can serve: instance b_0 restarting"
+    assert scheduler.problem is not None and not scheduler.withdrawn
+    b.problem = None
+    b.config = config(STEP.format(dims="-1", extra="").replace('name = "Y"', 'name = "Z"'), "b")
+    assert scheduler.withdrawn
+
+
 def test_a_closed_scheduler_refuses_new_requests() -> None:
     scheduler, _, _ = diamond()
     run(scheduler.aclose())
