@@ -21,21 +21,19 @@ import numpy as np
 from nereid.config.schema import ModelConfig
 from nereid.ensembles.dataflow import Dataflow, StepModels
 from nereid.ensembles.graph import decoupled_problem, ensemble_problem
-from nereid.errors import (
-    ExecutionTimeoutError,
-    InternalError,
-    ModelExecutionError,
-    NereidError,
-    QueueFullError,
-    RequestTimeoutError,
-    UnavailableError,
-)
+from nereid.errors import InternalError, NereidError, UnavailableError
 from nereid.inference import ComputeTotals, InferRequest
 from nereid.stats import ModelStats
 
 __all__ = ["EnsembleScheduler", "EnsembleTicket"]
 
 _log = logging.getLogger("nereid")
+
+#: The failure reason (metric label) of every failed ensemble request, whatever failed it:
+#: Triton's ensemble scheduler reports its failures with FailureReason::OTHER only
+#: (RequestTracker's ReportStatisticsWithDuration, and each RespondIfError of
+#: ensemble_scheduler.cc); the failed step request counts its own reason in its model.
+_FAILURE_REASON = "OTHER"
 
 #: ``on_answer(outputs, error)``, as ``DynamicBatcher.submit`` takes it
 OnAnswer = Callable[[Any, "BaseException | None"], None]
@@ -199,8 +197,8 @@ class EnsembleScheduler:
         it ends, as Triton's RequestTracker counts it: on success, one execution of the
         request's batch size whose compute_input, compute_infer and compute_output are
         the sums of what its step requests were charged (their batches' compute times),
-        and a queue time from its arrival here to its first steps' start; on failure,
-        Triton's reason (leaving early: CANCELED)."""
+        and a queue time from its arrival here to its first steps' start; on failure
+        (leaving early too), one failure with Triton's reason, OTHER."""
         started = self._clock()
         totals = ComputeTotals()
         self._inflight += 1
@@ -211,7 +209,7 @@ class EnsembleScheduler:
                 async for outputs in responses:
                     yield outputs
         except BaseException as exc:
-            self._stats.record_failure(self._clock() - received_ns, _reason(exc))
+            self._stats.record_failure(self._clock() - received_ns, _FAILURE_REASON)
             raise
         finally:
             self._inflight -= 1
@@ -235,14 +233,3 @@ class EnsembleTicket:
 
     def withdraw(self) -> None:
         self._task.cancel()
-
-
-def _reason(exc: BaseException) -> str:
-    """Triton's failure reason (the metric label) for an ensemble request that failed."""
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELED"
-    if isinstance(exc, (QueueFullError, RequestTimeoutError)):
-        return "REJECTED"
-    if isinstance(exc, (ModelExecutionError, ExecutionTimeoutError)):
-        return "BACKEND"
-    return "OTHER"
