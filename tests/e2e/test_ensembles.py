@@ -321,6 +321,13 @@ def test_a_decoupled_step_streams_one_ensemble_response_per_step_response_over_g
     assert [error for _, error in answers] == [None, None, None]
     assert [result.as_numpy("RESULT")[0, 0] for result, _ in answers] == [(k + 1) * 10 for k in (1, 2, 3)]
     assert stats_of(server, "middle")["inference_count"] == 3
+    # one ensemble request, charged what its five step requests were (the decoupled one's too)
+    wait_until(lambda: stats_of(server, "streaming")["inference_stats"]["success"]["count"] == 1, "the request counted")
+    ensemble = stats_of(server, "streaming")["inference_stats"]
+    steps = [stats_of(server, step)["inference_stats"] for step in ("counter", "middle", "post")]
+    assert [step["compute_infer"]["count"] for step in steps] == [1, 3, 3]
+    for part in ("compute_input", "compute_infer", "compute_output"):
+        assert ensemble[part]["ns"] == sum(step[part]["ns"] for step in steps), part
 
 
 def test_ensemble_inputs_and_outputs_travel_through_shared_memory(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
