@@ -6,8 +6,10 @@ serving version (its queue, batcher and instances). Tensors live in flows: the r
 own, and one more per response of a decoupled step, where the steps after that step run
 once per response (Triton lets a step read tensors of one flow only, graph.py). Each time
 a flow completes the ensemble's outputs, that is one response of the ensemble: exactly one
-when no step is decoupled. Knows nothing of statistics or of how the request came in
-(scheduler.py).
+when no step is decoupled. Each step request carries the ensemble request's id,
+correlation id and sequence flags, priority, timeout and parameters, and the ensemble's
+ComputeTotals, which its step model adds its compute times to. Knows nothing else of
+statistics, nor of how the request came in (scheduler.py).
 """
 
 from __future__ import annotations
