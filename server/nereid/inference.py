@@ -11,7 +11,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "SequenceFlags", "ComputeTotals", "FINISHED"]
+__all__ = [
+    "InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "SequenceFlags", "ComputeTotals", "FINISHED",
+]
 
 #: The key a decoupled (streaming) model may add to a yielded output dict: a bool per row
 #: of the batch; a request whose rows are all True gets this step as its last response.
