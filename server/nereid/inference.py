@@ -11,7 +11,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "SequenceFlags", "FINISHED"]
+__all__ = [
+    "InferRequest", "RequestedOutput", "InferResult", "ParameterValue", "SequenceFlags", "ComputeTotals", "FINISHED",
+]
 
 #: The key a decoupled (streaming) model may add to a yielded output dict: a bool per row
 #: of the batch; a request whose rows are all True gets this step as its last response.
@@ -45,6 +47,23 @@ class SequenceFlags:
 
 
 @dataclass(slots=True)
+class ComputeTotals:
+    """The compute durations charged to the step requests of one ensemble request, summed
+    (Triton's secondary statistics aggregator of an ensemble request): each step request
+    that succeeds adds what its model charged it (its batch's compute_input, compute_infer
+    and compute_output ns); the ensemble reports the sums as its own."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+
+
+@dataclass(slots=True)
 class InferRequest:
     """One validated inference request.
 
@@ -67,6 +86,9 @@ class InferRequest:
     binary_data_output: bool = False
     #: the sequence parameters, when the request gave any.
     sequence: SequenceFlags | None = None
+    #: an ensemble's step request: where its compute durations are added too, once it
+    #: succeeds (None: any other request).
+    compute_totals: ComputeTotals | None = None
 
 
 @dataclass(slots=True)  # not frozen: one is made per answered request, and a frozen init costs twice

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import queue
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -235,16 +236,18 @@ def test_an_ensemble_is_unavailable_while_a_step_model_is_unloaded(repo: RepoBui
     client.unload_model("middle")
     wait_until(lambda: not client.is_model_ready("middle"), "middle unloaded")
     assert not client.is_model_ready("chain")
+    # Triton unloads the ensemble then (ModelRepositoryManager::LoadModelByDependency):
+    # UNAVAILABLE "unloaded", which strict readiness (the default) accepts
     row = next(row for row in index_of(server) if row["name"] == "chain")
-    assert row["state"] == "UNAVAILABLE"
-    assert row["reason"] == "ensemble 'chain' depends on 'middle' which has no loaded version"
+    assert (row["state"], row["reason"]) == ("UNAVAILABLE", "unloaded")
+    assert client.is_server_ready()
     infer_input = httpclient.InferInput("RAW", [1, 4], "FP32")
     infer_input.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
     with pytest.raises(InferenceServerException) as failure:
         client.infer("chain", [infer_input])
     assert failure.value.message().startswith("in ensemble 'chain', step 'middle': ")
     client.load_model("middle")
-    assert client.is_model_ready("chain")
+    assert client.is_model_ready("chain") and client.is_server_ready()
     np.testing.assert_array_equal(client.infer("chain", [infer_input]).as_numpy("RESULT"), expected(np.ones((1, 4))))
 
 
@@ -319,6 +322,13 @@ def test_a_decoupled_step_streams_one_ensemble_response_per_step_response_over_g
     assert [error for _, error in answers] == [None, None, None]
     assert [result.as_numpy("RESULT")[0, 0] for result, _ in answers] == [(k + 1) * 10 for k in (1, 2, 3)]
     assert stats_of(server, "middle")["inference_count"] == 3
+    # one ensemble request, charged what its five step requests were (the decoupled one's too)
+    wait_until(lambda: stats_of(server, "streaming")["inference_stats"]["success"]["count"] == 1, "the request counted")
+    ensemble = stats_of(server, "streaming")["inference_stats"]
+    steps = [stats_of(server, step)["inference_stats"] for step in ("counter", "middle", "post")]
+    assert [step["compute_infer"]["count"] for step in steps] == [1, 3, 3]
+    for part in ("compute_input", "compute_infer", "compute_output"):
+        assert ensemble[part]["ns"] == sum(step[part]["ns"] for step in steps), part
 
 
 def test_ensemble_inputs_and_outputs_travel_through_shared_memory(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
@@ -347,3 +357,142 @@ def test_ensemble_inputs_and_outputs_travel_through_shared_memory(repo: RepoBuil
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(in_handle)
         shm.destroy_shared_memory_region(out_handle)
+
+
+def test_the_ensembles_statistics_are_the_sums_of_its_step_requests_as_triton_reports_them(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
+    """Triton's ensemble statistics (ensemble_scheduler.cc, RequestTracker): per request,
+    compute_input / compute_infer / compute_output are the sums of what its step requests
+    were charged, and it is one execution of its batch size. The steps here serve only
+    the ensemble, so the ensemble's sums equal the three steps' together."""
+    server = serve(chain(repo))
+    client = httpclient.InferenceServerClient(server.url)
+    for rows in (2, 2, 1):
+        infer_input = httpclient.InferInput("RAW", [rows, 4], "FP32")
+        infer_input.set_data_from_numpy(np.ones((rows, 4), dtype=np.float32))
+        client.infer("chain", [infer_input])
+    steps = [stats_of(server, step) for step in ("pre", "middle", "post")]
+    ensemble = stats_of(server, "chain")
+    assert (ensemble["inference_count"], ensemble["execution_count"]) == (5, 3)
+    inference = ensemble["inference_stats"]
+    for part in ("compute_input", "compute_infer", "compute_output"):
+        assert inference[part]["count"] == 3
+        assert inference[part]["ns"] == sum(step["inference_stats"][part]["ns"] for step in steps), part
+    assert inference["compute_infer"]["ns"] > 0
+    assert inference["queue"]["count"] == 3 and inference["success"]["count"] == 3
+    # compute is what the steps' batches took; the request's whole time is longer
+    assert inference["success"]["ns"] > inference["compute_input"]["ns"] + inference["compute_infer"]["ns"] \
+        + inference["compute_output"]["ns"]
+    by_size = {entry["batch_size"]: entry for entry in ensemble["batch_stats"]}
+    assert sorted(by_size) == [1, 2]
+    assert by_size[2]["compute_infer"]["count"] == 2 and by_size[1]["compute_infer"]["count"] == 1
+    assert by_size[1]["compute_infer"]["ns"] + by_size[2]["compute_infer"]["ns"] == inference["compute_infer"]["ns"]
+
+
+SEQUENCE_ENSEMBLE = """
+platform = "ensemble"
+max_batch_size = 4
+[[input]]
+name = "VALUE"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "TOTAL"
+data_type = "TYPE_INT32"
+dims = [1]
+[[ensemble_scheduling.step]]
+model_name = "tens"
+input_map = { X = "VALUE" }
+output_map = { Y = "scaled" }
+[[ensemble_scheduling.step]]
+model_name = "acc"
+input_map = { INPUT = "scaled" }
+output_map = { OUTPUT = "TOTAL" }
+"""
+
+TENS_CONFIG = """
+max_batch_size = 4
+[[input]]
+name = "X"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "Y"
+data_type = "TYPE_INT32"
+dims = [1]
+[dynamic_batching]
+"""
+
+TENS = """
+class Model:
+    def infer(self, inputs):
+        return {"Y": inputs["X"] * 10}
+"""
+
+
+def test_a_sequence_model_step_keeps_each_ensemble_sequences_state(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
+    """As Triton's EnsembleContext::InitStep, every step request carries the ensemble
+    request's correlation id and start/end flags: a stateful accumulator as a step sums
+    each sequence's values alone, with three sequences interleaved from three threads
+    (HTTP and gRPC), and a sequence started again starts from zero."""
+    from tests.e2e.test_sequences import ACCUMULATOR, ACCUMULATOR_MODEL
+
+    repo.add("acc", ACCUMULATOR.format(strategy="[sequence_batching.direct]"), ACCUMULATOR_MODEL)
+    repo.add("tens", TENS_CONFIG, TENS)
+    repo.add("seq_chain", SEQUENCE_ENSEMBLE, model=None, version=1)
+    server = serve(repo.root)
+    values = {101: [1, 2, 3, 4], 202: [5, 6, 7], 303: [9, 9, 9, 9, 9]}
+    start = threading.Barrier(len(values))
+
+    def http_sequence(sequence_id: int) -> list[int]:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+        start.wait()
+        totals = []
+        for i, value in enumerate(values[sequence_id]):
+            infer_input = httpclient.InferInput("VALUE", [1, 1], "INT32")
+            infer_input.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            result = client.infer("seq_chain", [infer_input], sequence_id=sequence_id, sequence_start=i == 0,
+                                  sequence_end=i == len(values[sequence_id]) - 1)
+            totals.append(int(result.as_numpy("TOTAL")[0, 0]))
+        return totals
+
+    def grpc_sequence(sequence_id: int) -> list[int]:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        start.wait()
+        totals = []
+        for i, value in enumerate(values[sequence_id]):
+            infer_input = grpcclient.InferInput("VALUE", [1, 1], "INT32")
+            infer_input.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            result = client.infer("seq_chain", [infer_input], sequence_id=sequence_id, sequence_start=i == 0,
+                                  sequence_end=i == len(values[sequence_id]) - 1)
+            totals.append(int(result.as_numpy("TOTAL")[0, 0]))
+        return totals
+
+    def expected_totals(sequence_id: int) -> list[int]:
+        return [10 * int(total) for total in np.cumsum(values[sequence_id])]
+
+    with concurrent.futures.ThreadPoolExecutor(len(values)) as pool:
+        calls = {101: pool.submit(http_sequence, 101), 202: pool.submit(grpc_sequence, 202),
+                 303: pool.submit(http_sequence, 303)}
+        got = {sequence_id: call.result(timeout=120) for sequence_id, call in calls.items()}
+    assert got == {sequence_id: expected_totals(sequence_id) for sequence_id in values}
+    # the same correlation id started again: a new sequence, from zero
+    start = threading.Barrier(1)
+    assert http_sequence(101) == expected_totals(101)
+    acc = stats_of(server, "acc")
+    assert acc["inference_stats"]["success"]["count"] == 4 + 3 + 5 + 4
+
+
+def test_a_sequence_model_step_refuses_an_ensemble_request_without_a_sequence_id(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
+    from tests.e2e.test_sequences import ACCUMULATOR, ACCUMULATOR_MODEL
+
+    repo.add("acc", ACCUMULATOR.format(strategy="[sequence_batching.direct]"), ACCUMULATOR_MODEL)
+    repo.add("tens", TENS_CONFIG, TENS)
+    repo.add("seq_chain", SEQUENCE_ENSEMBLE, model=None, version=1)
+    server = serve(repo.root)
+    client = httpclient.InferenceServerClient(server.url)
+    infer_input = httpclient.InferInput("VALUE", [1, 1], "INT32")
+    infer_input.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as failure:
+        client.infer("seq_chain", [infer_input])
+    assert failure.value.message() == ("in ensemble 'seq_chain', step 'acc': inference request to model 'acc' "
+                                       "must specify a non-zero or non-empty correlation ID")

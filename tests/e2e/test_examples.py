@@ -54,3 +54,20 @@ def test_text_embedder_gives_unit_vectors_closer_for_similar_sentences(example_s
     assert food.shape == (384,)
     assert abs(float(np.linalg.norm(food)) - 1.0) < 1e-4
     assert float(food @ bread) > 0.5 > float(food @ sky)
+
+
+def test_add_two_runs_add_one_twice_and_counts_its_steps_compute(example_server: RunningServer) -> None:
+    """The example ensemble: each number plus two, and the ensemble's statistics as Triton
+    reports them (one execution of the request's batch size)."""
+    client = httpclient.InferenceServerClient(example_server.url)
+    try:
+        before = client.get_inference_statistics("add_two")["model_stats"][0]
+        result = infer(example_server, "add_two", {"INPUT0": np.array([[40], [1], [-2]], np.int64)}, "INT64")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[42], [3], [0]])
+        after = client.get_inference_statistics("add_two")["model_stats"][0]
+    finally:
+        client.close()
+    assert after["inference_count"] - before["inference_count"] == 3
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert 3 in [entry["batch_size"] for entry in after["batch_stats"]]
+    assert after["inference_stats"]["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]

@@ -6,8 +6,10 @@ serving version (its queue, batcher and instances). Tensors live in flows: the r
 own, and one more per response of a decoupled step, where the steps after that step run
 once per response (Triton lets a step read tensors of one flow only, graph.py). Each time
 a flow completes the ensemble's outputs, that is one response of the ensemble: exactly one
-when no step is decoupled. Knows nothing of statistics or of how the request came in
-(scheduler.py).
+when no step is decoupled. Each step request carries the ensemble request's id,
+correlation id and sequence flags, priority, timeout and parameters, and the ensemble's
+ComputeTotals, which its step model adds its compute times to. Knows nothing else of
+statistics, nor of how the request came in (scheduler.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from nereid.config.schema import EnsembleStep, ModelConfig
 from nereid.datatypes import DataType
 from nereid.errors import InternalError, ModelExecutionError, NereidError
-from nereid.inference import InferRequest
+from nereid.inference import ComputeTotals, InferRequest
 from nereid.tensors.checks import ConfigRules
 
 __all__ = ["Dataflow", "StepModel", "StepModels", "in_step"]
@@ -105,14 +107,16 @@ class Dataflow:
         """The step's model now (``model_version`` -1: its latest READY version)."""
         return self._models.get(step.model_name, None if step.model_version == -1 else step.model_version)
 
-    async def responses(self, request: InferRequest) -> AsyncGenerator[dict[str, np.ndarray], None]:
+    async def responses(self, request: InferRequest,
+                        totals: ComputeTotals | None = None) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The ensemble's responses to ``request``, as flows complete its outputs. A
         step's failure raises its error, naming the ensemble and the step
-        (``in_step``); leaving early (or failing) cancels the steps still running."""
+        (``in_step``); leaving early (or failing) cancels the steps still running. Each
+        step request that succeeds adds its compute durations to ``totals``."""
         events: asyncio.Queue[_Event] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         root = _Flow(dict(request.inputs), None)
-        running = self._start(root, root.tensors, request, events, tasks)
+        running = self._start(root, root.tensors, request, totals, events, tasks)
         try:
             while running:
                 event = await events.get()
@@ -126,7 +130,7 @@ class Dataflow:
                 written = {tensor: event.outputs[output] for output, tensor in event.step.output_map.items()
                            if output in event.outputs}
                 flow.tensors.update(written)
-                running += self._start(flow, written, request, events, tasks)
+                running += self._start(flow, written, request, totals, events, tasks)
                 if any(name in written for name in self.outputs):
                     found = {name: flow.find(name) for name in self.outputs}
                     if all(array is not None for array in found.values()):
@@ -138,21 +142,21 @@ class Dataflow:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start(self, flow: _Flow, written: Mapping[str, np.ndarray], request: InferRequest,
-               events: asyncio.Queue[_Event], tasks: set[asyncio.Task[None]]) -> int:
+               totals: ComputeTotals | None, events: asyncio.Queue[_Event], tasks: set[asyncio.Task[None]]) -> int:
         """Start the steps that ``written`` made ready in ``flow`` (each once per flow:
         when the last of its inputs arrives); how many started."""
         started = 0
         for step in self.steps:
             inputs = step.input_map.values()
             if any(tensor in written for tensor in inputs) and all(tensor in flow.tensors for tensor in inputs):
-                task = asyncio.ensure_future(self._run_step(step, flow, request, events))
+                task = asyncio.ensure_future(self._run_step(step, flow, request, totals, events))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 started += 1
         return started
 
     async def _run_step(self, step: EnsembleStep, flow: _Flow, request: InferRequest,
-                        events: asyncio.Queue[_Event]) -> None:
+                        totals: ComputeTotals | None, events: asyncio.Queue[_Event]) -> None:
         """One step request; its responses, then its end, go to ``events`` (always one
         event with ``last``)."""
         decoupled = False
@@ -160,10 +164,13 @@ class Dataflow:
             model = self.model(step)
             decoupled = model.config.decoupled
             inputs = {step_input: flow.tensors[tensor] for step_input, tensor in step.input_map.items()}
+            # As Triton's EnsembleContext::InitStep: the ensemble request's id, correlation id
+            # and sequence flags, priority, timeout and parameters, and its statistics
+            # aggregator as the step request's second one (``totals``).
             step_request = InferRequest(
                 model_name=model.name, inputs=inputs, rows=self._check(model, inputs), id=request.id,
                 model_version=model.version, parameters=request.parameters, priority=request.priority,
-                timeout_us=request.timeout_us,
+                timeout_us=request.timeout_us, sequence=request.sequence, compute_totals=totals,
             )
             if not decoupled:
                 outputs = await model.infer(step_request)

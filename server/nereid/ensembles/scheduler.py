@@ -21,21 +21,19 @@ import numpy as np
 from nereid.config.schema import ModelConfig
 from nereid.ensembles.dataflow import Dataflow, StepModels
 from nereid.ensembles.graph import decoupled_problem, ensemble_problem
-from nereid.errors import (
-    ExecutionTimeoutError,
-    InternalError,
-    ModelExecutionError,
-    NereidError,
-    QueueFullError,
-    RequestTimeoutError,
-    UnavailableError,
-)
-from nereid.inference import InferRequest
+from nereid.errors import InternalError, NereidError, UnavailableError
+from nereid.inference import ComputeTotals, InferRequest
 from nereid.stats import ModelStats
 
 __all__ = ["EnsembleScheduler", "EnsembleTicket"]
 
 _log = logging.getLogger("nereid")
+
+#: The failure reason (metric label) of every failed ensemble request, whatever failed it:
+#: Triton's ensemble scheduler reports its failures with FailureReason::OTHER only
+#: (RequestTracker's ReportStatisticsWithDuration, and each RespondIfError of
+#: ensemble_scheduler.cc); the failed step request counts its own reason in its model.
+_FAILURE_REASON = "OTHER"
 
 #: ``on_answer(outputs, error)``, as ``DynamicBatcher.submit`` takes it
 OnAnswer = Callable[[Any, "BaseException | None"], None]
@@ -93,27 +91,45 @@ class EnsembleScheduler:
     def problem(self) -> str | None:
         """Why the ensemble cannot serve now (Triton's words): a step's model has no
         READY version (or not the one the step names), or the step models' configs no
-        longer fit the ensemble (a step model reloaded with other inputs); None when it can."""
+        longer fit the ensemble (a step model reloaded with other inputs), or a step
+        model cannot serve now; None when it can."""
+        found = self._problem()
+        return None if found is None else found[0]
+
+    @property
+    def withdrawn(self) -> bool:
+        """True when Triton would have unloaded the ensemble: its dependency check fails
+        (a step model with no loaded version or not the required one, or one that no
+        longer fits), and ModelRepositoryManager::LoadModelByDependency unloads an
+        ensemble whose check fails, leaving it UNAVAILABLE with the reason "unloaded"
+        (which strict readiness accepts) until the step model is back. False when it
+        serves, or when only a step model's instances cannot serve now (Triton keeps
+        the ensemble loaded then)."""
+        found = self._problem()
+        return found is not None and found[1]
+
+    def _problem(self) -> tuple[str, bool] | None:
+        """(why the ensemble cannot serve, whether Triton would have unloaded it), or None."""
         configs = []
         for step in self._flow.steps:
             try:
                 model = self._flow.model(step)
             except NereidError:
                 if step.model_version == -1:
-                    return f"ensemble '{self.name}' depends on '{step.model_name}' which has no loaded version"
+                    return f"ensemble '{self.name}' depends on '{step.model_name}' which has no loaded version", True
                 return (f"ensemble '{self.name}' depends on '{step.model_name}' whose required version "
-                        f"{step.model_version} is not loaded")
+                        f"{step.model_version} is not loaded"), True
             if model.problem is not None:
-                return f"ensemble '{self.name}' depends on '{step.model_name}': {model.problem}"
+                return f"ensemble '{self.name}' depends on '{step.model_name}': {model.problem}", False
             configs.append(model.config)
         key = tuple(id(config) for config in configs)
         if key != self._checked:
             problem = ensemble_problem(self.config, configs)
             if problem is not None:
-                return problem
+                return problem, True
             if decoupled_problem(self.config, configs)[1] != self.config.decoupled:
                 return (f"ensemble '{self.name}': a step model's decoupled setting changed since the ensemble "
-                        "loaded; load the ensemble again")
+                        "loaded; load the ensemble again"), True
             self._checked = key
         return None
 
@@ -123,13 +139,13 @@ class EnsembleScheduler:
                     timeout_us: int | None = None) -> dict[str, np.ndarray]:
         """Run one ensemble request; the ensemble's outputs. A step's failure fails it,
         with the step's error class and ``in ensemble 'E', step 'S': <its message>``."""
-        return await self._run(request, self._received(received_ns))
+        return await self._run(request, *self._arrived(received_ns))
 
     def submit(self, request: InferRequest, received_ns: int | None, on_answer: OnAnswer, *, priority: int = 0,
                timeout_us: int | None = None) -> EnsembleTicket:
         """Start one ensemble request; ``on_answer(outputs, error)`` is called once with
         its answer (a CancelledError when withdrawn)."""
-        task = asyncio.get_running_loop().create_task(self._run(request, self._received(received_ns)))
+        task = asyncio.get_running_loop().create_task(self._run(request, *self._arrived(received_ns)))
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._answer(done, on_answer))
         return EnsembleTicket(task)
@@ -139,15 +155,18 @@ class EnsembleScheduler:
         """The ensemble's responses as they come: one per flow that completes its outputs
         (one in all for an ensemble without decoupled steps). Leaving early cancels the
         steps still running."""
-        responses = self._counted(request, self._received(received_ns))
+        responses = self._counted(request, *self._arrived(received_ns))
         async with contextlib.aclosing(responses):
             async for outputs in responses:
                 yield outputs
 
-    def _received(self, received_ns: int | None) -> int:
+    def _arrived(self, received_ns: int | None) -> tuple[int, int]:
+        """(when the request was received, when it reached this scheduler: Triton's
+        queue start of an ensemble request, EnsembleScheduler::Enqueue)."""
         if self._closed:
             raise UnavailableError(f"model '{self.name}' was unloaded")
-        return self._clock() if received_ns is None else received_ns
+        now = self._clock()
+        return (now if received_ns is None else received_ns), now
 
     def _answer(self, task: asyncio.Task[dict[str, np.ndarray]], on_answer: OnAnswer) -> None:
         self._tasks.discard(task)
@@ -163,38 +182,44 @@ class EnsembleScheduler:
 
     # -- statistics around the dataflow ---------------------------------------------------
 
-    async def _run(self, request: InferRequest, received_ns: int) -> dict[str, np.ndarray]:
+    async def _run(self, request: InferRequest, received_ns: int, enqueued_ns: int) -> dict[str, np.ndarray]:
         """The request's one response (a decoupled ensemble's last), counted."""
         last: dict[str, np.ndarray] | None = None
-        async for outputs in self._counted(request, received_ns):
+        async for outputs in self._counted(request, received_ns, enqueued_ns):
             last = outputs
         if last is None:
             raise InternalError(f"ensemble '{self.name}': its steps gave no response")
         return last
 
-    async def _counted(self, request: InferRequest, received_ns: int) -> AsyncGenerator[dict[str, np.ndarray], None]:
+    async def _counted(self, request: InferRequest, received_ns: int,
+                       enqueued_ns: int) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The dataflow's responses; the request counted in the ensemble's statistics when
-        it ends (success, or failure with Triton's reason; leaving early: CANCELED)."""
+        it ends, as Triton's RequestTracker counts it: on success, one execution of the
+        request's batch size whose compute_input, compute_infer and compute_output are
+        the sums of what its step requests were charged (their batches' compute times),
+        and a queue time from its arrival here to its first steps' start; on failure
+        (leaving early too), one failure with Triton's reason, OTHER."""
         started = self._clock()
+        totals = ComputeTotals()
         self._inflight += 1
         self._idle.clear()
         try:
-            responses = self._flow.responses(request)
+            responses = self._flow.responses(request, totals)
             async with contextlib.aclosing(responses):
                 async for outputs in responses:
                     yield outputs
         except BaseException as exc:
-            self._stats.record_failure(self._clock() - received_ns, _reason(exc))
+            self._stats.record_failure(self._clock() - received_ns, _FAILURE_REASON)
             raise
         finally:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
-        ended = self._clock()
-        # Triton charges an ensemble request the steps' compute; here the time its steps
-        # took, from the first step's start to the last one's end, as compute_infer.
-        self._stats.record_batch(max(request.rows, 1), ended - received_ns, [started - received_ns],
-                                 (0, ended - started, 0), None)
+        compute = (totals.input_ns, totals.infer_ns, totals.output_ns)
+        self._stats.record_batch(max(request.rows, 1), self._clock() - received_ns, [started - enqueued_ns],
+                                 compute, None)
+        if request.compute_totals is not None:  # a step of an outer ensemble: charged there too
+            request.compute_totals.add(*compute)
 
 
 class EnsembleTicket:
@@ -208,14 +233,3 @@ class EnsembleTicket:
 
     def withdraw(self) -> None:
         self._task.cancel()
-
-
-def _reason(exc: BaseException) -> str:
-    """Triton's failure reason (the metric label) for an ensemble request that failed."""
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-        return "CANCELED"
-    if isinstance(exc, (QueueFullError, RequestTimeoutError)):
-        return "REJECTED"
-    if isinstance(exc, (ModelExecutionError, ExecutionTimeoutError)):
-        return "BACKEND"
-    return "OTHER"

@@ -71,6 +71,12 @@ class ServingModel:
         return "no instance can serve: " + "; ".join(p for p in problems if p is not None)
 
     @property
+    def withdrawn(self) -> bool:
+        """An ensemble that Triton would have unloaded because of its step models
+        (``EnsembleScheduler.withdrawn``): the index and readiness treat it as unloaded."""
+        return isinstance(self.batcher, EnsembleScheduler) and self.batcher.withdrawn
+
+    @property
     def has_process_instances(self) -> bool:
         return any(isinstance(instance, ProcessInstance) for instance in self.instances)
 

@@ -102,13 +102,15 @@ class ModelRecord:
     def state_of(self, version: int) -> tuple[str, str]:
         """A version's state and reason as readiness and the index tell them: a READY
         version none of whose instances can serve now (a process restarting, a batch
-        stuck past its timeout) reads UNAVAILABLE with why, until one is back."""
+        stuck past its timeout) reads UNAVAILABLE with why, until one is back; an
+        ensemble whose step model was unloaded (or no longer fits) reads UNAVAILABLE
+        "unloaded", as Triton unloads it then, until the step model is back."""
         status = self.statuses[version]
         if status.state == READY:
             serving = self.serving.get(version)
             problem = serving.problem if serving is not None else None
             if problem is not None:
-                return UNAVAILABLE, problem
+                return UNAVAILABLE, UNLOADED if serving is not None and serving.withdrawn else problem
         return status.state, status.reason
 
     def why_not_serving(self, version: int | None = None) -> str:

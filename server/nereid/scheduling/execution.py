@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import numpy as np
 
 from nereid.errors import ExecutionTimeoutError, InternalError, ModelExecutionError, NereidError
+from nereid.inference import InferRequest
 from nereid.scheduling.pending import Answers, Pending, Stream
 
 __all__ = ["Execution", "Failed", "Instance", "Outcome", "StepSink"]
@@ -234,6 +235,10 @@ class Execution:
             if stream.finished:
                 stats.record_success(end - pending.received_ns, started - pending.enqueued_ns,
                                      outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
+                request = pending.request
+                if isinstance(request, InferRequest) and request.compute_totals is not None:
+                    request.compute_totals.add(  # an ensemble's step: its ensemble is charged too
+                        outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns)
             else:
                 stats.record_failure(end - pending.received_ns, "BACKEND" if outcome.error is not None else "CANCELED")
 

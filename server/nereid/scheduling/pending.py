@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from nereid.errors import NereidError
+from nereid.inference import InferRequest
 from nereid.scheduling.queue import QueuedRequest
 from nereid.stats import ModelStats
 
@@ -265,6 +266,9 @@ class Answers:
             if not isinstance(output, NereidError):  # withdrawn while it ran too: executed, so counted
                 total_ns += begun - pending.received_ns
                 queue_times.append(started - pending.enqueued_ns)
+                request = pending.request
+                if isinstance(request, InferRequest) and request.compute_totals is not None:
+                    request.compute_totals.add(*compute)  # an ensemble's step: its ensemble is charged too
         rows_of = self._rows_of
         stats.record_batch(sum(rows_of(pending.request) for pending in batch), total_ns, queue_times, compute, scheduling)
         order = self._order

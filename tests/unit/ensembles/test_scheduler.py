@@ -15,7 +15,7 @@ import pytest
 from nereid.config import ModelConfig, parse_model_config
 from nereid.ensembles import EnsembleScheduler
 from nereid.errors import InvalidInputError, ModelExecutionError, ModelNotFoundError, NereidError
-from nereid.inference import InferRequest
+from nereid.inference import ComputeTotals, InferRequest, SequenceFlags
 from nereid.stats import ModelStats
 
 pytestmark = pytest.mark.unit
@@ -78,6 +78,8 @@ class FakeStep:
         self.error: NereidError | None = None
         self.requests: list[InferRequest] = []
         self.responses: list[float] = []
+        #: the compute_input, compute_infer and compute_output ns its batch charges a request
+        self.compute = (0, 0, 0)
 
     async def infer(self, request: InferRequest, received_ns: int | None = None) -> dict[str, np.ndarray]:
         self.requests.append(request)
@@ -86,6 +88,8 @@ class FakeStep:
             await self.gate.wait()
         if self.error is not None:
             raise self.error
+        if request.compute_totals is not None:  # what its batcher charges a step request
+            request.compute_totals.add(*self.compute)
         return {"Y": sum(request.inputs.values()) + self.add}
 
     async def stream(self, request: InferRequest, received_ns: int | None = None) -> Any:
@@ -149,6 +153,14 @@ def test_a_step_request_carries_the_ensemble_requests_id_priority_and_rows() -> 
     assert set(step_request.inputs) == {"X", "X2"}
 
 
+def test_every_step_request_carries_the_ensemble_requests_correlation_id_and_sequence_flags() -> None:
+    """As Triton's EnsembleContext::InitStep (SetCorrelationId, SetFlags)."""
+    scheduler, models, _ = diamond()
+    flags = SequenceFlags(id="session-7", start=True, end=False)
+    run(scheduler.infer(InferRequest("ens", {"IN": np.ones((1, 1), dtype=np.float32)}, sequence=flags)))
+    assert [models.steps[name].requests[0].sequence for name in ("a", "b", "c")] == [flags] * 3
+
+
 def test_a_successful_request_is_counted_once_for_the_ensemble() -> None:
     scheduler, _, stats = diamond()
     run(scheduler.infer(request(1)))
@@ -156,6 +168,49 @@ def test_a_successful_request_is_counted_once_for_the_ensemble() -> None:
     assert (snapshot["inference_count"], snapshot["execution_count"]) == (1, 1)
     assert snapshot["inference_stats"]["success"]["count"] == 1
     assert snapshot["inference_stats"]["fail"]["count"] == 0
+
+
+def test_the_ensemble_reports_the_sums_of_its_step_requests_compute_times_as_triton() -> None:
+    """Triton's RequestTracker: one execution of the request's batch size whose compute
+    input, infer and output are the sums of its steps'; queue from arrival to start."""
+    scheduler, models, stats = diamond()
+    models.steps["a"].compute = (1, 10, 100)
+    models.steps["b"].compute = (2, 20, 200)
+    models.steps["c"].compute = (4, 40, 400)
+    two_rows = InferRequest("ens", {"IN": np.ones((2, 3), dtype=np.float32)}, rows=2)
+    run(scheduler.infer(two_rows, received_ns=0))
+    snapshot = stats.snapshot()
+    inference = snapshot["inference_stats"]
+    assert (snapshot["inference_count"], snapshot["execution_count"]) == (2, 1)
+    assert inference["compute_input"] == {"count": 1, "ns": 7}
+    assert inference["compute_infer"] == {"count": 1, "ns": 70}
+    assert inference["compute_output"] == {"count": 1, "ns": 700}
+    # the clock ticks 1000 ns a reading: arrived at 0, started at 1000
+    assert inference["queue"] == {"count": 1, "ns": 1000}
+    assert snapshot["batch_stats"] == [{
+        "batch_size": 2, "compute_input": {"count": 1, "ns": 7}, "compute_infer": {"count": 1, "ns": 70},
+        "compute_output": {"count": 1, "ns": 700},
+    }]
+
+
+def test_an_ensemble_that_is_a_step_charges_its_sums_to_the_outer_ensemble() -> None:
+    scheduler, models, _ = diamond()
+    models.steps["a"].compute = (1, 10, 100)
+    models.steps["c"].compute = (4, 40, 400)
+    outer = ComputeTotals()
+    inner = InferRequest("ens", {"IN": np.ones((1, 1), dtype=np.float32)}, compute_totals=outer)
+    run(scheduler.infer(inner))
+    assert (outer.input_ns, outer.infer_ns, outer.output_ns) == (5, 50, 500)
+
+
+def test_a_failed_request_charges_no_compute() -> None:
+    scheduler, models, stats = diamond()
+    models.steps["a"].compute = (1, 10, 100)
+    models.steps["c"].error = ModelExecutionError("boom", model="c")
+    with pytest.raises(ModelExecutionError):
+        run(scheduler.infer(request(1)))
+    snapshot = stats.snapshot()
+    assert snapshot["execution_count"] == 0 and snapshot["inference_stats"]["compute_infer"]["count"] == 0
 
 
 def test_a_failing_step_keeps_its_error_class_and_subject_and_is_named() -> None:
@@ -226,6 +281,22 @@ def test_the_ensemble_says_why_it_cannot_serve_while_a_step_model_is_missing_or_
     assert scheduler.problem == "in ensemble 'ens', ensemble tensor 'B' is mapped from non-existing output 'Y' in model 'b'"
 
 
+def test_the_ensemble_counts_as_unloaded_when_triton_would_have_unloaded_it() -> None:
+    """Triton unloads an ensemble whose step model is gone or no longer fits
+    (LoadModelByDependency); it keeps it loaded while a step's instances cannot serve."""
+    scheduler, models, _ = diamond()
+    assert not scheduler.withdrawn
+    b = models.steps.pop("b")
+    assert scheduler.withdrawn
+    models.steps["b"] = b
+    assert not scheduler.withdrawn
+    b.problem = "no instance can serve: instance b_0 restarting"
+    assert scheduler.problem is not None and not scheduler.withdrawn
+    b.problem = None
+    b.config = config(STEP.format(dims="-1", extra="").replace('name = "Y"', 'name = "Z"'), "b")
+    assert scheduler.withdrawn
+
+
 def test_a_closed_scheduler_refuses_new_requests() -> None:
     scheduler, _, _ = diamond()
     run(scheduler.aclose())
@@ -271,7 +342,8 @@ def test_each_response_of_a_decoupled_step_runs_the_steps_after_it_and_is_a_resp
     assert stats.snapshot()["inference_stats"]["success"]["count"] == 1
 
 
-def test_leaving_a_stream_early_counts_the_request_canceled() -> None:
+def test_leaving_a_stream_early_counts_a_failure_for_reason_other_as_triton() -> None:
+    """Triton's ensemble scheduler reports every failure with FailureReason::OTHER."""
     gen = FakeStep("gen", 0, extra="[model_transaction_policy]\ndecoupled = true")
     gen.responses = [1, 2, 3]
     stats = ModelStats("ens", 1)
@@ -284,4 +356,4 @@ def test_leaving_a_stream_early_counts_the_request_canceled() -> None:
         return outputs["OUT"].tolist()  # type: ignore[no-any-return]
 
     assert run(first()) == [[101.0]]
-    assert stats.failures_by_reason["CANCELED"] == 1
+    assert stats.failures_by_reason == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 1}

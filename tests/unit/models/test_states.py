@@ -9,10 +9,11 @@ from nereid.models.states import LOADING, READY, UNAVAILABLE, UNLOADED, UNLOADIN
 
 
 class Serving:
-    """What a record reads of a ServingModel: problem, retired, successor."""
+    """What a record reads of a ServingModel: problem, withdrawn, retired, successor."""
 
-    def __init__(self, problem: str | None = None) -> None:
+    def __init__(self, problem: str | None = None, withdrawn: bool = False) -> None:
         self.problem = problem
+        self.withdrawn = withdrawn
         self.retired = False
         self.successor: Any = None
 
@@ -61,6 +62,15 @@ def test_a_ready_version_whose_instances_cannot_serve_reads_unavailable() -> Non
     assert record.state_of(1) == (UNAVAILABLE, "instance m_0 is restarting")
     assert record.why_not_serving(1) == "it is UNAVAILABLE: instance m_0 is restarting"
     assert record.rows(ready_only=True) == []
+
+
+def test_an_ensemble_withdrawn_for_its_steps_reads_unloaded_and_stays_fine() -> None:
+    """Triton unloads an ensemble whose step model was unloaded: strict readiness accepts it."""
+    record = ModelRecord("ens")
+    record.swap({1: Serving(problem="ensemble 'ens' depends on 'b' which has no loaded version",  # type: ignore[dict-item]
+                            withdrawn=True)})
+    assert record.state_of(1) == (UNAVAILABLE, UNLOADED)
+    assert record.fine and record.rows(ready_only=True) == []
 
 
 def test_an_unreadable_folder_without_versions_is_one_unavailable_row() -> None:

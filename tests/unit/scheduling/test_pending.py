@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nereid.errors import ModelExecutionError, NereidError, RequestTimeoutError
+from nereid.inference import ComputeTotals, InferRequest
 from nereid.scheduling.pending import Answers, CallbackAnswer, InOrder, Pending, Stream, answer_now
 from nereid.stats import ModelStats
 from tests.unit.manual_clock import ManualClock
@@ -182,6 +183,20 @@ def test_a_batch_is_counted_then_answered() -> None:
     assert stats.busy.as_json() == {"count": 1, "ns": 400}
     assert stats.idle_between.count == 0 and stats.formation.as_json() == {"count": 1, "ns": 5}
     assert stats.answer.count == 1
+
+
+def test_an_ensemble_step_request_charges_its_batchs_compute_to_its_ensemble_too() -> None:
+    """Triton's secondary statistics aggregator: each successful step request adds the
+    compute times its batch charged it; a step request that failed adds nothing."""
+    clock = ManualClock(start_ns=1_000)
+    answering = answers(clock)
+    first, second, failed = ComputeTotals(), ComputeTotals(), ComputeTotals()
+    requests = [InferRequest("m", {}, compute_totals=totals) for totals in (first, second, failed)]
+    batch = tuple(pending(CallbackAnswer(lambda o, e: None), request) for request in requests)
+    answering.batch(batch, 500, ["x", "y", ModelExecutionError("bad row")], (10, 20, 30), None)
+    assert (first.input_ns, first.infer_ns, first.output_ns) == (10, 20, 30)
+    assert (second.input_ns, second.infer_ns, second.output_ns) == (10, 20, 30)
+    assert (failed.input_ns, failed.infer_ns, failed.output_ns) == (0, 0, 0)
 
 
 def test_a_request_that_failed_alone_fails_and_its_batch_mates_succeed() -> None:
