@@ -130,6 +130,7 @@ _FLAGS = (
     _Flag("--log-error", "log_error", _bool, "log errors (default true)"),
     _Flag("--log-format", "log_format", str, "default | ISO8601", ("default", "ISO8601")),
     _Flag("--http-server", "http_server", str, f"HTTP engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
+    _Flag("--http-workers", "http_workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
     _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),

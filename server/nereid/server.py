@@ -92,6 +92,7 @@ class Server(InProcessServer):
             self.manager, options_, on_started=self._on_started, shm=self.shm, refusals=self.refusals
         )
         restriction_table(options_.grpc_restricted_protocol, "--grpc-restricted-protocol")  # refused now, not at serve()
+        _check_workers(options_)
         #: HTTPS and gRPC TLS settings (None: plaintext); files are read at serve()
         self.http_tls = _tls_files(options_, "http")
         self.grpc_tls = _tls_files(options_, "grpc")
@@ -158,7 +159,9 @@ class Server(InProcessServer):
         metrics = await self._start_metrics()
         stopping = asyncio.create_task(self._stop_grpc_on_shutdown(grpc_server))
         try:
-            if engine == "native":
+            if engine == "native" and options.http_workers > 1:
+                await self._serve_workers()
+            elif engine == "native":
                 await self._serve_native(fd, http_tls)
             elif engine == "uvicorn":
                 await serve_uvicorn(self.app, fd, options, self.http_tls, self._shutdown)
@@ -281,6 +284,33 @@ class Server(InProcessServer):
                 raise listen_error(where, exc) from exc
             raise
 
+    async def _serve_workers(self) -> None:
+        """HTTP served by --http-workers front-end processes (frontends/): this process
+        keeps the models and answers what the workers hand over."""
+        from nereid.frontends import FrontEnds
+        from nereid.http.h1.asgi_bridge import Lifespan
+
+        options = self.options
+        assert self._shutdown is not None
+        state: dict[str, Any] = {}
+        frontends = FrontEnds(self.app, options, state, options.http_workers)
+        try:
+            await frontends.start()
+        except OSError as exc:
+            raise listen_error(f"{options.http_address}:{options.http_port}", exc) from exc
+        host, port = frontends.address
+        _log.info(
+            "nereid serving %s on %s:%d (HTTP engine: native, %d front-end workers: pids %s)", _folders(options),
+            host, port, options.http_workers, ", ".join(str(pid) for pid in frontends.pids),
+        )
+        lifespan = Lifespan(self.app, state)
+        try:
+            await lifespan.startup()
+            await self._shutdown.wait()
+        finally:
+            await frontends.stop(options.exit_timeout_secs)
+            await lifespan.shutdown()
+
     def run(self) -> int:
         """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM;
         the exit status (1: the port could not be bound). When shutdown had to abandon a
@@ -317,6 +347,16 @@ class Server(InProcessServer):
             sys.stderr.flush()
             os._exit(1)
         return 0
+
+
+def _check_workers(options: ServerOptions) -> None:
+    """--http-workers > 1 needs what the workers have: the native engine, plain HTTP."""
+    if options.http_workers <= 1:
+        return
+    if options.http_server != "native":
+        raise ValueError(f"--http-workers {options.http_workers}: needs --http-server native, got {options.http_server}")
+    if options.http_use_ssl or options.http_use_ssl_mutual:
+        raise ValueError(f"--http-workers {options.http_workers}: not yet with --http-use-ssl (use --http-workers 1)")
 
 
 def _folders(options: ServerOptions) -> str:

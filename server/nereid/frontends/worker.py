@@ -1,0 +1,68 @@
+"""One front-end worker process: nereid's native HTTP engine on the shared listening
+socket, with infer requests and everything else handed to the main process
+(forwarding.py). Started and restarted by supervisor.py; runs no model code.
+
+Its command line (supervisor.py writes it): listening socket, link socket and arena file
+descriptors, and the arena's size. The server's options come as the link's first
+message. It stops on STOP (draining its connections), on SIGTERM the same way, and
+when the main process goes away; SIGINT is the main process's to handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import cast
+
+from nereid.frontends.arena import Arena
+from nereid.frontends.forwarding import MainLink, WorkerApp
+from nereid.http.app import NereidApp
+from nereid.http.h1.limits import ConnectionLimits
+from nereid.http.h1.server import NativeServer
+from nereid.log import configure_logging
+from nereid.options import ServerOptions
+
+__all__ = ["main"]
+
+_log = logging.getLogger("nereid")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The worker's entry point: ``main([listen_fd, link_fd, arena_fd, arena_size])``."""
+    listen_fd, link_fd, arena_fd, arena_size = (int(arg) for arg in (argv if argv is not None else sys.argv[1:]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(_serve(listen_fd, link_fd, arena_fd, arena_size))
+    else:
+        uvloop.run(_serve(listen_fd, link_fd, arena_fd, arena_size))
+
+
+async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int) -> None:
+    loop = asyncio.get_running_loop()
+    arena = Arena.attach(arena_fd, arena_size)
+    _, link = await loop.create_unix_connection(lambda: MainLink(arena), sock=socket.socket(fileno=link_fd))
+    options, index = await link.options
+    assert isinstance(options, ServerOptions)
+    configure_logging(
+        options.log_verbose, options.log_format, info=options.log_info, warning=options.log_warning,
+        error=options.log_error,
+    )
+    loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
+    restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
+    app = WorkerApp(link, restricted_inference=restricted)
+    server = NativeServer(
+        # NativeServer uses of its app only what WorkerApp has: match_infer, infer_guard,
+        # endpoints.start_infer and the ASGI call
+        cast(NereidApp, app), limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs,
+    )
+    _log.debug("HTTP front-end worker %d serving", index)
+    try:
+        await server.serve(link.stopped, fd=listen_fd)
+    finally:
+        socket.socket(fileno=listen_fd).close()
+    _log.debug("HTTP front-end worker %d stopped", index)
