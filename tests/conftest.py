@@ -58,6 +58,14 @@ ISOLATION = "thread"
 #: "toml" (the default) or "pbtxt"; set from the command line in pytest_configure.
 REPO_FORMAT = "toml"
 
+# -- --workers: the e2e suite through front-end worker processes ---------------------------
+#
+# ``pytest --workers N`` starts every server (start_server) with ``--http-workers N`` unless
+# the test chooses its workers, another HTTP engine or HTTPS itself.
+
+#: --http-workers of the servers tests start; set from the command line in pytest_configure.
+WORKERS = 1
+
 
 # -- which e2e tests the extra passes of `make test` run -------------------------------------
 #
@@ -104,6 +112,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="the isolation of the instances of every model the e2e tests serve")
     parser.addoption("--repo-format", choices=("toml", "pbtxt"), default="toml",
                      help="the config file of every model the e2e tests serve: config.toml or Triton's config.pbtxt")
+    parser.addoption("--workers", type=int, default=1,
+                     help="--http-workers of every server the e2e tests start that serves plain HTTP natively")
 
 
 def write_config(folder: Path, toml_text: str) -> None:
@@ -152,7 +162,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "config_format_sensitive: e2e tests `make test` runs again under --repo-format pbtxt "
         "(CONFIG_FORMAT_SENSITIVE)"
     )
-    global REPO_FORMAT
+    global REPO_FORMAT, WORKERS
+    WORKERS = config.getoption("workers")
     ISOLATION = config.getoption("isolation")
     REPO_FORMAT = config.getoption("repo_format")
     if ISOLATION == "process" or REPO_FORMAT == "pbtxt":
@@ -411,6 +422,8 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
         command += ["--grpc-port", str(grpc_port)]
     if engine is not None:
         command += ["--http-server", engine]
+    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server", "--http-use-ssl"} & set(args):
+        command += ["--http-workers", str(WORKERS)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -189,6 +189,46 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_answering(repo: RepoB
         connection.close()
 
 
+def test_a_dead_worker_fails_only_the_requests_it_held(repo: RepoBuilder, serve) -> None:
+    extra = "[dynamic_batching]\npreferred_batch_size = [8]\nmax_queue_delay_microseconds = 1000000000"
+    repo.add("gather", IDENTITY.format(name="gather", batch=8, extra=extra))
+    server = serve(repo.root, "--http-workers", "2")
+    connections = open_connections(server, per_worker=3)  # 3 on one worker, then 3 on the other
+    victim = serving_worker(server, connections[0].sock.getsockname()[1])
+    outcomes: dict[int, object] = {}
+
+    def infer(index: int, connection: http.client.HTTPConnection) -> None:
+        try:
+            connection.request("POST", "/v2/models/gather/infer", body=infer_body([float(index)] * 4))
+            response = connection.getresponse()
+            outcomes[index] = json.loads(response.read())["outputs"][0]["data"]
+        except (ConnectionError, http.client.HTTPException) as exc:
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=infer, args=(index, connection)) for index, connection in enumerate(connections)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 6, "6 requests queued")
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    # the dead worker's 3 requests leave the queue; the other worker's 3 stay
+    wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 3, "3 requests left queued")
+    # 5 more, through any worker (the restarted one included), fill the batch
+    fresh = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=60) for _ in range(5)]
+    late = [threading.Thread(target=infer, args=(index, connection)) for index, connection in enumerate(fresh, 6)]
+    for thread in late:
+        thread.start()
+    for thread in threads + late:
+        thread.join(START_TIMEOUT_S)
+    for connection in connections + fresh:
+        connection.close()
+    assert all(isinstance(outcomes[index], (ConnectionError, http.client.HTTPException)) for index in range(3))
+    assert {index: outcomes[index] for index in range(3, 11)} == {index: [float(index)] * 4 for index in range(3, 11)}
+    client = httpclient.InferenceServerClient(server.url)
+    stats = client.get_inference_statistics("gather")["model_stats"][0]
+    assert (stats["inference_count"], stats["execution_count"]) == (8, 1)
+
+
 def test_sigterm_stops_the_workers_and_the_main_process_with_no_orphans(repo: RepoBuilder, serve) -> None:
     repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
     server = serve(repo.root, "--http-workers", "3")
