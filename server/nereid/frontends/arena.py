@@ -111,10 +111,11 @@ class Arena:
         return cls(fd, size)
 
     def close(self) -> None:
-        """Unmap and close (views handed out must be gone: the caller copies out)."""
-        self.requests.release()
-        self.answers.release()
+        """Close the descriptor and unmap; while arrays still view the region (a batch
+        of a worker that died may still run), it stays mapped until they go."""
         try:
+            self.requests.release()
+            self.answers.release()
             self._map.close()
         except BufferError:  # a view still refers to it: unmapped when that goes
             pass

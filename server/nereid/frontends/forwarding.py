@@ -17,6 +17,8 @@ import logging
 from typing import Any, Callable
 
 from nereid.frontends.arena import Arena, Ring
+from nereid.frontends.decoding import Announced, answer, decode, lay_out
+from nereid.frontends.layout import read_arrays
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.http._asgi import Receive, Scope, Send
 from nereid.http.app import infer_route
@@ -30,6 +32,10 @@ _log = logging.getLogger("nereid")
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
 _DONE, _STOP, _OPTIONS = Kind.DONE.value, Kind.STOP.value, Kind.OPTIONS.value
+_DECODED, _MODEL, _FORGET, _RESULT, _RETRY = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value)
+#: templates a worker names by number (past this many, new ones travel whole each time)
+_MAX_TEMPLATES = 4096
 
 _MAIN_GONE = error_json("the server's main process is gone (it is restarting or stopping)")
 _JSON = (b"content-type", b"application/json")
@@ -53,6 +59,26 @@ class _InferCall:
         if not self.withdrawn:
             self.withdrawn = True
             self.link.send((_WITHDRAW, self.id))
+
+
+class _DecodedCall(_InferCall):
+    """An infer request decoded here: what its answer is encoded with, and its raw body
+    (sent again if the main process asks: its model changed meanwhile)."""
+
+    __slots__ = ("name", "model", "request", "accept_encoding", "headers", "body", "received_ns")
+
+    def __init__(
+        self, link: MainLink, id: int, responder: Responder, offset: int, name: str, model: Announced,
+        request: Any, headers: InferHeaders, body: bytes, received_ns: int,
+    ) -> None:
+        super().__init__(link, id, responder, offset)
+        self.name = name
+        self.model = model
+        self.request = request
+        self.accept_encoding = headers.accept_encoding
+        self.headers = headers
+        self.body = body
+        self.received_ns = received_ns
 
 
 class _AsgiCall:
@@ -83,6 +109,12 @@ class MainLink(asyncio.Protocol):
         self._calls: dict[int, _InferCall | _AsgiCall] = {}
         self._next_id = 0
         self._freed: list[int] = []
+        #: the model versions the main process announced, by name
+        self.models: dict[str, Announced] = {}
+        #: tensors' templates sent, by their number
+        self._templates: dict[tuple[Any, ...], int] = {}
+        #: JSON header limit (--http-max-input-size), set with the options
+        self.max_json_size = 64 * 1024 * 1024
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -124,6 +156,35 @@ class MainLink(asyncio.Protocol):
             responder.reply(503, [_JSON], _MAIN_GONE)
             return None
         id = self._next_id = self._next_id + 1
+        model = self.models.get(name) if version_text is None else None
+        if model is not None:
+            decoded = decode(model, name, headers, body, self.max_json_size)
+            if decoded is not None:
+                offset = self.ring.allocate(decoded.size)
+                if offset is not None:
+                    template = lay_out(decoded, self.arena.requests[offset:offset + decoded.size])
+                    call = _DecodedCall(self, id, responder, offset, name, model, decoded.request, headers, body,
+                                        received_ns)
+                    self._calls[id] = call
+                    self._send_decoded(call, model.token, template, offset)
+                    return call
+        return self._start_raw(id, name, version_text, headers, body, received_ns, responder)
+
+    def _send_decoded(self, call: _DecodedCall, token: int, template: tuple[Any, ...], offset: int) -> None:
+        templates = self._templates
+        number = templates.get(template)
+        whole: tuple[Any, ...] | None = None
+        if number is None:
+            whole = template
+            number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
+            if number >= 0:
+                templates[template] = number
+        self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns))
+
+    def _start_raw(
+        self, id: int, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
+        responder: Responder,
+    ) -> _InferCall:
         length = len(body)
         offset = self.ring.allocate(length)
         inline: bytes | None = None
@@ -154,7 +215,9 @@ class MainLink(asyncio.Protocol):
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == _ANSWER:
+        if kind == _RESULT:
+            self._result(*message[1:])
+        elif kind == _ANSWER:
             self._answer(*message[1:])
         elif kind in (_START, _BODY, _CLOSE):
             call = self._calls.get(message[1])
@@ -166,6 +229,15 @@ class MainLink(asyncio.Protocol):
             self._release(self._calls.pop(message[1], None))
         elif kind == _STOP:
             self.stopped.set()
+        elif kind == _MODEL:
+            _, name, token, version, config, labels = message
+            self.models[name] = Announced.of(token, version, config, labels)
+        elif kind == _FORGET:
+            known = self.models.get(message[1])
+            if known is not None and known.token == message[2]:
+                del self.models[message[1]]
+        elif kind == _RETRY:
+            self._retry(message[1])
         elif kind == _OPTIONS and not self.options.done():
             self.options.set_result((message[1], message[2]))
         else:
@@ -190,6 +262,30 @@ class MainLink(asyncio.Protocol):
             call.responder.reply_repeat(headers, [body])
         else:
             call.responder.reply(status, headers, body)
+
+    def _result(
+        self, id: int, version: int, offset: int, layout: Any, inline: dict[str, Any] | None
+    ) -> None:
+        """A decoded request's outputs: encoded here, then the arena block is let go."""
+        call = self._calls.pop(id, None)
+        self._release(call)
+        try:
+            if isinstance(call, _DecodedCall) and not call.withdrawn:
+                outputs = inline if inline is not None else read_arrays(self.arena.answers, offset, layout)
+                answer(call.model, call.name, call.request, call.accept_encoding, version, outputs, call.responder)
+        finally:
+            if inline is None:
+                self._freed.append(offset)
+
+    def _retry(self, id: int) -> None:
+        """The main process no longer serves what this request was decoded for: it goes
+        again as a raw body, under the same id."""
+        call = self._calls.pop(id, None)
+        if not isinstance(call, _DecodedCall):
+            return
+        self._release(call)
+        if not call.withdrawn:  # else its WITHDRAW is on its way, and nobody waits
+            self._start_raw(id, call.name, None, call.headers, call.body, call.received_ns, call.responder)
 
     def _release(self, call: _InferCall | _AsgiCall | None) -> None:
         if isinstance(call, _InferCall) and call.offset >= 0:

@@ -14,11 +14,16 @@ import asyncio
 import logging
 from typing import Any
 
+from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
+from nereid.frontends.layout import layout_size, read_arrays, write_arrays
 from nereid.frontends.messages import FrameReader, Kind, Outbox
+from nereid.http._asgi import error_parts
 from nereid.http.app import NereidApp
 from nereid.http.h1.asgi_bridge import AsgiExchange
 from nereid.http.infer import InferHeaders
+from nereid.inference import InferRequest
+from nereid.models.serving import ServingModel
 
 __all__ = ["WorkerLink"]
 
@@ -27,6 +32,8 @@ _log = logging.getLogger("nereid")
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
 _DONE = Kind.DONE.value
+_DECODED, _MODEL, _FORGET, _RESULT, _RETRY = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value)
 
 
 class _InferAnswer:
@@ -43,6 +50,34 @@ class _InferAnswer:
 
     def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
         self.link.answer(self.id, 200, headers, parts, True)
+
+
+class _DecodedAnswer:
+    """The outcome of a request the worker decoded: its outputs into the arena (RESULT),
+    or its error as a whole response (ANSWER)."""
+
+    __slots__ = ("link", "id", "serving")
+
+    def __init__(self, link: WorkerLink, id: int, serving: ServingModel) -> None:
+        self.link = link
+        self.id = id
+        self.serving = serving
+
+    def __call__(self, outputs: Any, error: BaseException | None) -> None:
+        link = self.link
+        link.tickets.pop(self.id, None)
+        if error is None:
+            try:
+                link.send_outputs(self.id, self.serving.version, outputs)
+            except Exception as exc:  # a bug: this request fails, loudly
+                _log.exception("sending the outputs of model %r to an HTTP worker failed", self.serving.name)
+                link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {exc}"))
+        elif isinstance(error, asyncio.CancelledError):
+            link.send((_DONE, self.id))  # withdrawn, or the server is stopping: nobody to answer
+        elif isinstance(error, NereidError):
+            link.send_error(self.id, error)
+        else:
+            link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {error}"))
 
 
 class _ForwardedExchange:
@@ -86,14 +121,23 @@ class WorkerLink(asyncio.Protocol):
         self.app = app
         self.arena = arena
         self.index = index
-        #: requests that came through this worker (infer and any other)
+        #: requests that came through this worker (infer and any other), and of them the
+        #: infer requests it decoded itself
         self.requests = 0
+        self.decoded = 0
         self.ring = Ring(len(arena.answers))
         self._state = state
         self._reader = FrameReader()
         self._outbox: Outbox | None = None
         self._transport: Any = None
-        self._tickets: dict[int, Any] = {}
+        self.tickets: dict[int, Any] = {}
+        self._manager = app.endpoints.infer_endpoint.manager
+        #: model versions announced to the worker: by token, and each name's token
+        self._announced: dict[int, ServingModel] = {}
+        self._token_of: dict[str, int] = {}
+        self._tokens = 0
+        #: request templates the worker numbered (decoding.py)
+        self._templates: dict[int, tuple[Any, ...]] = {}
         self._exchanges: dict[int, _ForwardedExchange] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
@@ -110,7 +154,7 @@ class WorkerLink(asyncio.Protocol):
         """The worker is gone: its requests are withdrawn (their clients' connections went
         with it); answers still to come are dropped."""
         self._outbox = None
-        tickets, self._tickets = self._tickets, {}
+        tickets, self.tickets = self.tickets, {}
         for ticket in tickets.values():
             ticket.withdraw()
         exchanges, self._exchanges = self._exchanges, {}
@@ -125,7 +169,9 @@ class WorkerLink(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for message in self._reader.feed(data):
             kind = message[0]
-            if kind == _INFER:
+            if kind == _DECODED:
+                self._decoded(*message[1:])
+            elif kind == _INFER:
                 self._infer(*message[1:])
             elif kind == _ASGI:
                 self._forwarded(*message[1:])
@@ -165,11 +211,81 @@ class WorkerLink(asyncio.Protocol):
         answer = _InferAnswer(self, id)
         ticket = self.app.endpoints.start_infer(name, version_text, headers, body, received_ns, answer)
         if ticket is not None and self._outbox is not None:
-            self._tickets[id] = ticket
+            self.tickets[id] = ticket
+        if version_text is None:
+            self._announce(name)
+
+    def _announce(self, name: str) -> None:
+        """Let the worker decode requests for ``name``'s serving version from now on (or
+        stop, when none serves): called after it sent one raw."""
+        serving = self._manager.latest.get(name)
+        token = self._token_of.get(name)
+        if token is not None and self._announced.get(token) is serving:
+            return
+        if token is not None:
+            del self._announced[token], self._token_of[name]
+            self.send((_FORGET, name, token))
+        if serving is None or serving.config.decoupled:
+            return
+        self._tokens += 1
+        self._announced[self._tokens] = serving
+        self._token_of[name] = self._tokens
+        self.send((_MODEL, name, self._tokens, serving.version, serving.config, dict(serving.labels)))
+
+    def _decoded(
+        self, id: int, token: int, number: int, template: tuple[Any, ...] | None, offset: int, request_id: str,
+        received_ns: int,
+    ) -> None:
+        """A request the worker decoded: its tensors are views on the arena block (no
+        copy), queued like any other; the block is the worker's until it has the answer."""
+        self.requests += 1
+        self.decoded += 1
+        if template is None:
+            template = self._templates[number]
+        elif number >= 0:
+            self._templates[number] = template
+        serving = self._announced.get(token)
+        if serving is None or self._manager.latest.get(serving.name) is not serving:
+            if serving is not None:
+                self._announce(serving.name)
+            self.send((_RETRY, id))  # decoded for a version no longer served: raw again
+            return
+        rows, outputs, parameters, priority, timeout_us, binary, layout = template
+        inputs = read_arrays(self.arena.requests, offset, layout)
+        request = InferRequest(serving.name, inputs, rows, request_id, serving.version, outputs,
+                               dict(parameters), priority, timeout_us, binary)
+        try:
+            ticket = serving.submit(request, received_ns, _DecodedAnswer(self, id, serving))
+        except NereidError as exc:
+            self.send_error(id, exc)
+            return
+        except Exception as exc:  # a bug must cost one request
+            _log.exception("infer on model %r failed unexpectedly", serving.name)
+            self.send_error(id, InternalError(f"internal error in infer on model '{serving.name}': {exc}"))
+            return
+        if self._outbox is not None:
+            self.tickets[id] = ticket
+
+    def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+        """A decoded request's outputs into the arena's answer half (inline when there is
+        no room, or a BYTES output)."""
+        if self._outbox is None:
+            return
+        size = layout_size(outputs)
+        offset = self.ring.allocate(size) if size is not None else None
+        if offset is None or size is None:
+            self.send((_RESULT, id, version, -1, None, dict(outputs)))
+            return
+        layout = write_arrays(self.arena.answers[offset:offset + size], outputs)
+        self.send((_RESULT, id, version, offset, layout, None))
+
+    def send_error(self, id: int, error: NereidError) -> None:
+        status, headers, body = error_parts(error)
+        self.send((_ANSWER, id, status, headers, -1, len(body), body, False))
 
     def answer(self, id: int, status: int, headers: Any, parts: list[Any], repeat: bool) -> None:
         """Send an infer answer: its body into the arena (inline when it has no room)."""
-        self._tickets.pop(id, None)
+        self.tickets.pop(id, None)
         if self._outbox is None:
             return  # the worker is gone
         views = [memoryview(part).cast("B") for part in parts]
@@ -199,7 +315,7 @@ class WorkerLink(asyncio.Protocol):
         self._exchanges.pop(id, None)
 
     def _withdraw(self, id: int) -> None:
-        ticket = self._tickets.pop(id, None)
+        ticket = self.tickets.pop(id, None)
         if ticket is not None:
             ticket.withdraw()
         exchange = self._exchanges.pop(id, None)

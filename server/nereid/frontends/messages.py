@@ -20,8 +20,9 @@ _LENGTH = struct.Struct("<I")
 
 
 class Kind(enum.IntEnum):
-    """What a message is. Worker -> main: INFER, ASGI, WITHDRAW, FREED. Main -> worker:
-    OPTIONS (first, once), ANSWER, START, BODY, CLOSE, DONE, STOP."""
+    """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
+    worker: OPTIONS (first, once), ANSWER, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
+    MODEL, FORGET."""
 
     #: (INFER, id, name, version, (header length, content encoding, accept encoding),
     #:  received_ns, offset, length, inline body or None)
@@ -32,6 +33,9 @@ class Kind(enum.IntEnum):
     WITHDRAW = 3
     #: (FREED, offsets): answer blocks the worker has copied out
     FREED = 4
+    #: (DECODED, id, token, template id, template or None, offset, request id, received_ns):
+    #: a request decoded in the worker (decoding.py), its tensors at ``offset``
+    DECODED = 5
     #: (OPTIONS, ServerOptions, worker index)
     OPTIONS = 10
     #: (ANSWER, id, status, headers, offset, length, inline body or None, repeat):
@@ -47,6 +51,14 @@ class Kind(enum.IntEnum):
     DONE = 15
     #: (STOP,): stop taking connections, finish what is in flight, exit
     STOP = 16
+    #: (MODEL, name, token, version, config, labels): the worker may decode for this version
+    MODEL = 17
+    #: (FORGET, name, token): it may not any more (unloaded, or another version serves)
+    FORGET = 18
+    #: (RESULT, id, version, offset, layout, inline outputs or None): a decoded request's outputs
+    RESULT = 19
+    #: (RETRY, id): send that decoded request again as a raw body (its model changed)
+    RETRY = 20
 
 
 def frame(message: tuple[Any, ...]) -> bytes:

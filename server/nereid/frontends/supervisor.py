@@ -170,5 +170,6 @@ class FrontEnds:
             worker.arena.close()
         for sock in self._sockets:
             sock.close()
-        _log.info("HTTP front-end workers stopped; requests through each: %s",
-                  ", ".join(str(count) for count in self.requests()))
+        _log.info("HTTP front-end workers stopped; requests through each: %s (decoded there: %s)",
+                  ", ".join(str(count) for count in self.requests()),
+                  ", ".join(str(worker.link.decoded) for worker in workers))

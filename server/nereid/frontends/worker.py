@@ -53,6 +53,7 @@ async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int) -
         error=options.log_error,
     )
     loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
+    link.max_json_size = options.http_max_input_size
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
     app = WorkerApp(link, restricted_inference=restricted)
     server = NativeServer(

@@ -1,0 +1,48 @@
+"""Tensors in an arena block: written side by side by one process, read back as numpy
+views (no copy) by the other, described by a small layout tuple.
+
+A layout is ``((name, offset, dtype text, shape), ...)``, offsets from the block's start,
+each 64-byte aligned. Knows nothing about requests or HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+__all__ = ["Layout", "layout_size", "read_arrays", "write_arrays"]
+
+Layout = tuple[tuple[str, int, str, tuple[int, ...]], ...]
+
+_ALIGN = 64
+
+
+def layout_size(arrays: Mapping[str, np.ndarray]) -> int | None:
+    """The bytes ``write_arrays`` needs for ``arrays``; None when one cannot be laid out
+    (an object array: BYTES tensors travel another way)."""
+    total = 0
+    for array in arrays.values():
+        if array.dtype.hasobject:
+            return None
+        total += (array.nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
+    return total
+
+
+def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
+    """Copy ``arrays`` into ``block`` (at least ``layout_size`` bytes) and describe them."""
+    layout = []
+    at = 0
+    target = np.frombuffer(block, dtype=np.uint8)
+    for name, array in arrays.items():
+        size = array.nbytes
+        if size:
+            target[at:at + size] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        layout.append((name, at, array.dtype.str, array.shape))
+        at += (size + _ALIGN - 1) & ~(_ALIGN - 1)
+    return tuple(layout)
+
+
+def read_arrays(buffer: memoryview, offset: int, layout: Layout) -> dict[str, np.ndarray]:
+    """Views of the arrays ``layout`` describes in the block at ``offset`` of ``buffer``."""
+    return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset + at) for name, at, dtype, shape in layout}
