@@ -252,6 +252,38 @@ def test_model_control_and_the_repository_index_through_workers_are_one_servers(
         clients[3].infer("identity", [_tensor()])
 
 
+def test_a_model_reloaded_with_another_config_is_decoded_by_the_new_one(repo: RepoBuilder, serve) -> None:
+    # The workers decode requests with the config the main process announced; after a
+    # reload, a request decoded with the old one is sent again (raw) and checked by the new.
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit", "--load-model", "identity",
+                   "--log-verbose", "1")
+    connections = open_connections(server, per_worker=1)
+
+    def infer(values: list[float]) -> tuple[int, dict[str, object]]:
+        statuses = []
+        for connection in connections:  # each worker, twice: the second is decoded there
+            for _ in range(2):
+                connection.request("POST", "/v2/models/identity/infer", body=infer_body(values))
+                response = connection.getresponse()
+                statuses.append((response.status, json.loads(response.read())))
+        assert all(status == statuses[0] for status in statuses), statuses
+        return statuses[0]
+
+    assert infer([1.0, 2.0, 3.0, 4.0])[0] == 200
+    narrower = {"name": "identity", "max_batch_size": 8,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}
+    httpclient.InferenceServerClient(server.url).load_model("identity", config=json.dumps(narrower))
+    status, body = infer([1.0, 2.0, 3.0, 4.0])
+    assert status == 400 and "unexpected shape for input 'INPUT0'" in str(body["error"])
+    assert infer([5.0, 6.0]) == (200, {"model_name": "identity", "model_version": "1", "outputs": [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 2], "data": [5.0, 6.0]}]})
+    assert "decoded for a version no longer served goes again raw" in server.log()
+    for connection in connections:
+        connection.close()
+
+
 def _tensor() -> httpclient.InferInput:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))

@@ -8,10 +8,18 @@ that arrived through any worker; N copies of the whole server (uvicorn's ``--wor
 would load every model N times and split every batch N ways.
 
     client --TCP--> worker i (native HTTP/1.1 engine, its own event loop and GIL)
-      infer:     body -> arena i (shared memory, reused) + INFER message (socket pair)
-                 main: WorkerLink -> Endpoints.start_infer -> ServingModel.submit
-                       (the same queue as everyone's) -> batch -> answer
-                 answer body -> arena i + ANSWER message -> worker writes the response
+      infer:     parsed and checked in the worker (the same tables, rules and memo as
+                 the main process, for the model version the main process announced)
+                 -> input tensors into arena i (shared memory, reused) + a DECODED
+                 message (socket pair; the request's template is sent once, then named
+                 by number)
+                 main: WorkerLink -> InferRequest of views on the arena (no copy)
+                       -> ServingModel.submit (the same queue as everyone's) -> batch
+                 outputs -> arena i + RESULT -> the worker encodes and writes the answer
+                 (what the worker cannot decode -- a model not yet announced, a version
+                 named in the URL, compressed or heavy bodies, client shared memory,
+                 BYTES tensors, a bad request -- goes as a raw body, INFER, and the main
+                 process's own infer flow takes it: Endpoints.start_infer)
       any other: forwarded whole to the main app (ASGI), answered back in parts:
                  health, metadata, config, statistics, model control, repository
                  index, shared-memory registration and generate behave as one server's
@@ -23,14 +31,20 @@ requests in flight fail with their connections; nobody else's); SIGTERM drains t
 workers, then the main process. ``--http-workers 1`` (the default) is the server as it
 always was: no worker, no extra hop.
 
-Modules: ``arena`` (the shared region and its ring), ``messages`` (control messages and
-their framing), ``forwarding`` (the worker's side), ``worker`` (the worker process),
-``link`` (the main process's side of one worker), ``supervisor`` (the workers' life).
+Input tensors of a decoded request are views on the worker's arena until its answer is
+sent: a model must not keep a reference to its inputs after ``infer`` returns (Triton's
+rule too: the buffers of a released request are reused).
 
-This first step parses infer bodies in the main process (workers own connections, HTTP
-framing and limits); next: decode and encode tensors in the workers with the model
-tables the main process sends them, answer health and metadata there from shared state,
-serve gRPC through the workers too, and hold the connection and body limits server-wide.
+Modules: ``arena`` (the shared region and its ring), ``messages`` (control messages and
+their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
+requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
+the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
+main process's side of one worker), ``supervisor`` (the workers' life).
+
+Not yet: gRPC through the workers (the main process serves the gRPC port, as with one
+process); health and metadata answered in the worker from shared state (they are
+forwarded, one hop); HTTPS in the workers; the connection limit and the request-bytes
+budget are each worker's, so N times the flags' values server-wide.
 """
 
 from nereid.frontends.supervisor import FrontEnds

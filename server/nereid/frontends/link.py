@@ -248,6 +248,7 @@ class WorkerLink(asyncio.Protocol):
         if serving is None or self._manager.latest.get(serving.name) is not serving:
             if serving is not None:
                 self._announce(serving.name)
+            _log.debug("HTTP worker %d: a request decoded for a version no longer served goes again raw", self.index)
             self.send((_RETRY, id))  # decoded for a version no longer served: raw again
             return
         rows, outputs, parameters, priority, timeout_us, binary, layout = template
