@@ -33,11 +33,12 @@ def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
     """Copy ``arrays`` into ``block`` (at least ``layout_size`` bytes) and describe them."""
     layout = []
     at = 0
-    target = np.frombuffer(block, dtype=np.uint8)
     for name, array in arrays.items():
         size = array.nbytes
         if size:
-            target[at:at + size] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            block[at:at + size] = array.reshape(-1).view(np.uint8).data
         layout.append((name, at, array.dtype.str, array.shape))
         at += (size + _ALIGN - 1) & ~(_ALIGN - 1)
     return tuple(layout)
