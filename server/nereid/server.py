@@ -299,10 +299,9 @@ class Server(InProcessServer):
         except OSError as exc:
             raise listen_error(f"{options.http_address}:{options.http_port}", exc) from exc
         host, port = frontends.address
-        _log.info(
-            "nereid serving %s on %s:%d (HTTP engine: native, %d front-end workers: pids %s)", _folders(options),
-            host, port, options.http_workers, ", ".join(str(pid) for pid in frontends.pids),
-        )
+        _log.info("nereid serving %s on %s:%d (HTTP engine: native)", _folders(options), host, port)
+        _log.info("HTTP served by %d front-end workers (pids %s)", options.http_workers,
+                  ", ".join(str(pid) for pid in frontends.pids))
         lifespan = Lifespan(self.app, state)
         try:
             await lifespan.startup()

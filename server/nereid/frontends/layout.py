@@ -1,21 +1,33 @@
 """Tensors in an arena block: written side by side by one process, read back as numpy
 views (no copy) by the other, described by a small layout tuple.
 
-A layout is ``((name, offset, dtype text, shape), ...)``, offsets from the block's start,
-each 64-byte aligned. Knows nothing about requests or HTTP.
+A layout is ``((name, offset, dtype, shape), ...)``, offsets from the block's start,
+each 64-byte aligned; the dtype is its text (``"<f4"``) where that names it back, else
+the dtype itself (bfloat16's text, ``"<V2"``, would not). Knows nothing about requests or
+HTTP.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 __all__ = ["Layout", "layout_size", "read_arrays", "write_arrays"]
 
-Layout = tuple[tuple[str, int, str, tuple[int, ...]], ...]
+Layout = tuple[tuple[str, int, "str | np.dtype[Any]", tuple[int, ...]], ...]
 
 _ALIGN = 64
+
+#: how each dtype seen travels: its text, or itself when the text does not name it back
+_SPELLING: dict[np.dtype[Any], str | np.dtype[Any]] = {}
+
+
+def _spelling(dtype: np.dtype[Any]) -> str | np.dtype[Any]:
+    spelling = _SPELLING.get(dtype)
+    if spelling is None:
+        spelling = _SPELLING[dtype] = dtype.str if np.dtype(dtype.str) == dtype else dtype
+    return spelling
 
 
 def layout_size(arrays: Mapping[str, np.ndarray]) -> int | None:
@@ -39,7 +51,7 @@ def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             block[at:at + size] = array.reshape(-1).view(np.uint8).data
-        layout.append((name, at, array.dtype.str, array.shape))
+        layout.append((name, at, _spelling(array.dtype), array.shape))
         at += (size + _ALIGN - 1) & ~(_ALIGN - 1)
     return tuple(layout)
 

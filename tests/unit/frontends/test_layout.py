@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from nereid.datatypes import bfloat16_dtype
 from nereid.frontends.layout import layout_size, read_arrays, write_arrays
 
 
@@ -13,6 +14,7 @@ from nereid.frontends.layout import layout_size, read_arrays, write_arrays
     pytest.param({"a": np.arange(6, dtype=np.int64).reshape(2, 3)[:, ::2], "b": np.ones((1, 3), np.float16)},
                  id="strided-and-fp16"),
     pytest.param({"empty": np.zeros((2, 0), np.int32), "flags": np.array([[True, False]])}, id="empty-and-bool"),
+    pytest.param({"bf16": np.ones((1, 4), dtype=bfloat16_dtype())}, id="bfloat16"),
 ])
 def test_arrays_come_back_unchanged_as_views_on_the_block(arrays: dict[str, np.ndarray]) -> None:
     region = memoryview(bytearray(4096))
