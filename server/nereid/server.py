@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from nereid.asgi_engines import serve_granian, serve_hypercorn, serve_uvicorn
 from nereid.network.access import Refusals, restriction_table
 from nereid.network.listening import StartupError, fit_open_file_limit, listen, listen_error
+from nereid.frontends.shared_limits import SharedLimits, SharedRequestBudget
 from nereid.http import create_app
 from nereid.http.app import NereidApp
 from nereid.local import InProcessServer
@@ -78,9 +79,17 @@ class Server(InProcessServer):
     ) -> None:
         super().__init__(model_repository, **options)
         options_ = self.options
+        _check_workers(options_)
         self.shm = SharedMemoryManager()
+        #: with front-end workers: the connections and request bytes each process holds,
+        #: for limits held server-wide (None: one process)
+        self.shared_limits: SharedLimits | None = None
         #: request bytes held at once over HTTP and gRPC (--max-request-bytes-in-flight)
         self.request_budget = RequestBudget(self.options.max_request_bytes_in_flight)
+        if options_.http_server == "native" and options_.http_workers > 1:
+            self.shared_limits = SharedLimits.create(options_.http_workers + 1)  # the last row: this process's gRPC
+            self.request_budget = SharedRequestBudget(
+                options_.max_request_bytes_in_flight, self.shared_limits, options_.http_workers)
         #: requests refused for want of a restricted group's key (counted in /metrics)
         self.refusals = Refusals()
         self.metrics = Metrics(self.manager, self.refusals)
@@ -92,7 +101,6 @@ class Server(InProcessServer):
             self.manager, options_, on_started=self._on_started, shm=self.shm, refusals=self.refusals
         )
         restriction_table(options_.grpc_restricted_protocol, "--grpc-restricted-protocol")  # refused now, not at serve()
-        _check_workers(options_)
         #: HTTPS and gRPC TLS settings (None: plaintext); files are read at serve()
         self.http_tls = _tls_files(options_, "http")
         self.grpc_tls = _tls_files(options_, "grpc")
@@ -293,7 +301,8 @@ class Server(InProcessServer):
         options = self.options
         assert self._shutdown is not None
         state: dict[str, Any] = {}
-        frontends = FrontEnds(self.app, options, state, options.http_workers)
+        assert self.shared_limits is not None
+        frontends = FrontEnds(self.app, options, state, options.http_workers, self.shared_limits)
         try:
             await frontends.start()
         except OSError as exc:

@@ -24,6 +24,7 @@ import nereid
 from nereid.frontends.arena import Arena
 from nereid.frontends.link import WorkerLink
 from nereid.frontends.messages import Kind
+from nereid.frontends.shared_limits import SharedLimits
 from nereid.http.app import NereidApp
 from nereid.network.listening import listen
 from nereid.options import ServerOptions
@@ -54,10 +55,15 @@ class FrontEnds:
     starts them (raises StartupError when the port cannot be bound); ``await stop()``
     lets them drain and waits for them (killing those past ``exit_timeout_secs``)."""
 
-    def __init__(self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int) -> None:
+    def __init__(
+        self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int, limits: SharedLimits,
+    ) -> None:
         self.app = app
         self.options = options
         self.count = count
+        #: the connection and request-bytes rows: one per worker (its index), the main
+        #: process's last
+        self.limits = limits
         self._state = state
         self._sockets: list[socket.socket] = []
         self._workers: dict[int, _Worker] = {}
@@ -104,6 +110,7 @@ class FrontEnds:
         arena = Arena.create()
         ours, theirs = socket.socketpair()
         fds = (listener.fileno(), theirs.fileno(), arena.fd)
+        self.limits.clear(index)  # what a worker before it held went with it
         # the worker imports nereid from where this process did, whatever its sys.path
         package_root = str(Path(nereid.__file__).resolve().parent.parent)
         env = dict(os.environ)
@@ -111,7 +118,8 @@ class FrontEnds:
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_COMMAND, *(str(fd) for fd in fds), str(arena.size),
-                pass_fds=fds, stdin=asyncio.subprocess.DEVNULL, env=env,
+                str(self.limits.fd), str(self.limits.rows),
+                pass_fds=(*fds, self.limits.fd), stdin=asyncio.subprocess.DEVNULL, env=env,
             )
         finally:
             theirs.close()
