@@ -86,8 +86,8 @@ WORKERS = 1
 #: stats and config endpoints (which show the isolation). test_process_*.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
-    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_generate.py",
-    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_shared_memory.py",
+    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_endpoints.py", "test_frontend_workers.py",
+    "test_generate.py", "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
 
@@ -105,6 +105,19 @@ CONFIG_FORMAT_SENSITIVE = frozenset({
 #: The smoke both extra passes add: every example model (served in the pass's form) and
 #: every datatype and the stock clients' flows over HTTP.
 SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
+
+#: What front-end workers change (-m workers_sensitive, under --workers 2): every request
+#: crossing from a worker to the main process (infer decoded in the worker or sent raw,
+#: everything else forwarded), answers, errors and limits seen from outside: the HTTP
+#: protocol, its errors and bad input, batching and statistics, model control, shared
+#: memory, streaming, metrics, disconnects, hostile clients, the stock clients and
+#: perf_analyzer, the start-up log.
+WORKERS_SENSITIVE = frozenset({
+    "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
+    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py",
+    "test_shared_memory.py",
+})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -161,6 +174,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "config_format_sensitive: e2e tests `make test` runs again under --repo-format pbtxt "
         "(CONFIG_FORMAT_SENSITIVE)"
+    )
+    config.addinivalue_line(
+        "markers", "workers_sensitive: e2e tests `make test` runs again under --workers 2 (WORKERS_SENSITIVE)"
     )
     global REPO_FORMAT, WORKERS
     WORKERS = config.getoption("workers")
@@ -240,6 +256,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("isolation_sensitive")
             if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
                 item.add_marker("config_format_sensitive")
+            if parts[-1] in WORKERS_SENSITIVE | SMOKE:
+                item.add_marker("workers_sensitive")
         if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
             # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
             # per-test limit (pyproject's, 120 s) must leave it that long and the test its time.
