@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 
 from bench_identity import (  # the identity benchmark's servers, perf_analyzer runs and reports
-    CONFIG_TOML, MODEL_PY, PERF_ANALYZER, REPO, Run, Server, free_port, log, plot, print_table, run_level,
-    summarize, write_csv,
+    CONFIG_TOML, MODEL_PY, PERF_ANALYZER, REPO, Run, Server, free_port, log, print_table, run_level, summarize,
+    write_csv,
 )
 
 BERT_CONFIG = """\
@@ -101,6 +101,36 @@ class WorkersNereid(Server):
         ]
 
 
+def plot(path: Path, rows: list[dict[str, object]], names: list[str], levels: list[int], args: argparse.Namespace) -> None:
+    """Throughput and server CPU per inference (medians) for each worker count, a group of
+    bars per concurrency level."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("--plot needs matplotlib; no plot drawn")
+        return
+    by = {(row["server"], row["concurrency"]): row for row in rows}
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 4))
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
+        xs = [level_index + index * width for level_index in range(len(levels))]
+        left.bar(xs, [float(by[(name, level)]["throughput"]) for level in levels], width, label=name)  # type: ignore[arg-type]
+        right.bar(xs, [float(by[(name, level)]["cpu_us"]) for level in levels], width, label=name)  # type: ignore[arg-type]
+    for axes, label in ((left, "infer/s"), (right, "server CPU us per inference")):
+        axes.set_xticks([level_index + width * (len(names) - 1) / 2 for level_index in range(len(levels))])
+        axes.set_xticklabels([f"c={level}" for level in levels])
+        axes.set_ylabel(label)
+        axes.grid(True, axis="y", alpha=0.3)
+        axes.legend()
+    figure.suptitle(f"--http-workers N: {args.model} model over {args.protocol.upper()} (perf_analyzer, medians)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    log(f"plot written to {path}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workers", default="1,2", help="comma-separated --http-workers counts (the first is the reference)")
@@ -161,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
     if args.plot:
-        plot(Path(args.plot), rows, names, levels, args.protocol)
+        plot(Path(args.plot), rows, names, levels, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [vars(run) for run in runs], "summary": rows}, indent=1))
     log(f"logs in {work} (repository root {REPO})")
