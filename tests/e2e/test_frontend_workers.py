@@ -239,6 +239,16 @@ def test_sigterm_stops_the_workers_and_the_main_process_with_no_orphans(repo: Re
     assert "HTTP front-end workers stopped" in server.log()
 
 
+def test_workers_exit_when_the_main_process_is_killed(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2")
+    pids = worker_pids(server)
+    server.process.kill()
+    server.process.wait()
+    server.stopped = True
+    wait_until(lambda: not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "the workers gone with their main process")
+
+
 def test_model_control_and_the_repository_index_through_workers_are_one_servers(repo: RepoBuilder, serve) -> None:
     repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
     server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit")
