@@ -168,17 +168,22 @@ class MainLink(asyncio.Protocol):
                     self._calls[id] = call
                     self._send_decoded(call, model.token, template, offset)
                     return call
+        # the main process's own infer flow takes what the worker does not decode
         return self._start_raw(id, name, version_text, headers, body, received_ns, responder)
 
     def _send_decoded(self, call: _DecodedCall, token: int, template: tuple[Any, ...], offset: int) -> None:
         templates = self._templates
-        number = templates.get(template)
+        try:
+            number = templates.get(template)
+        except TypeError:  # a parameter value that cannot be a key: sent whole each time
+            number = -1
         whole: tuple[Any, ...] | None = None
-        if number is None:
+        if number is None or number < 0:
             whole = template
-            number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
-            if number >= 0:
-                templates[template] = number
+            if number is None:
+                number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
+                if number >= 0:
+                    templates[template] = number
         self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns))
 
     def _start_raw(
