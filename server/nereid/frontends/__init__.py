@@ -39,12 +39,16 @@ Modules: ``arena`` (the shared region and its ring), ``messages`` (control messa
 their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
 requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
 the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
-main process's side of one worker), ``supervisor`` (the workers' life).
+main process's side of one worker), ``shared_limits`` (limits held server-wide),
+``supervisor`` (the workers' life).
+
+The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a
+row per process in shared memory, summed at each check).
 
 Not yet: gRPC through the workers (the main process serves the gRPC port, as with one
 process); health and metadata answered in the worker from shared state (they are
-forwarded, one hop); HTTPS in the workers; the connection limit and the request-bytes
-budget are each worker's, so N times the flags' values server-wide.
+forwarded, one hop); HTTPS in the workers; back-pressure on a forwarded streamed response
+(its parts queue in the worker while its client reads slowly).
 """
 
 from nereid.frontends.supervisor import FrontEnds
