@@ -292,6 +292,8 @@ def _prepare(options: ServerOptions) -> Callable[[], int]:
         if secured:
             # Ray's own proxies serve the ports: nereid's TLS and restrictions would not apply.
             raise ValueError(f"{', '.join(secured)}: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
+        if options.http_workers > 1:
+            raise ValueError("--http-workers: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
         from nereid.ray.serve import run_on_ray  # imported late: Ray is an optional extra
 
         return lambda: run_on_ray(options)

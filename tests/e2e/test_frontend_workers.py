@@ -300,13 +300,17 @@ def _tensor() -> httpclient.InferInput:
     return tensor
 
 
-def test_workers_need_the_native_engine(repo: RepoBuilder, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flags", "message"), [
+    pytest.param(["--http-server", "uvicorn"], "--http-workers 2: needs --http-server native, got uvicorn", id="engine"),
+    pytest.param(["--ray-replicas", "1"], "--http-workers: not available with --ray-replicas", id="ray"),
+])
+def test_workers_are_refused_where_they_cannot_serve(repo: RepoBuilder, flags: list[str], message: str) -> None:
     import subprocess
 
     repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
     done = subprocess.run(
-        [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repo.root), "--http-workers", "2",
-         "--http-server", "uvicorn"], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repo.root), "--http-workers", "2", *flags],
+        capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 2
-    assert "--http-workers 2: needs --http-server native, got uvicorn" in done.stderr
+    assert message in done.stderr
