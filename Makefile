@@ -56,17 +56,18 @@ lint: install-test
 	$(BIN)/mypy
 
 # The extra passes re-run only the e2e tests whose behaviour depends on the pass's setting
-# (markers isolation_sensitive and config_format_sensitive, chosen file by file in
+# (markers isolation_sensitive, config_format_sensitive and workers_sensitive, chosen file by file in
 # tests/conftest.py by what each file exercises, plus a smoke: every example model and every
 # datatype): three full e2e passes took most of a 17-23 minute `make test` on a 2-core
 # machine, spent on front-end tests (HTTP framing, gRPC, TLS, CLI) that no pass changes.
-# `make test-full` runs both extra passes over the whole e2e suite.
+# `make test-full` runs the extra passes over the whole e2e suite.
 test: install-test perf-analyzer
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q tests/e2e --isolation process -m isolation_sensitive   # every model in process instances
 	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt -m config_format_sensitive   # every config as Triton's config.pbtxt
+	$(BIN)/python -m pytest -q tests/e2e --workers 2 -m workers_sensitive   # HTTP through 2 front-end worker processes
 
 test-full: install-test perf-analyzer
 	$(BIN)/lint-imports
@@ -74,6 +75,7 @@ test-full: install-test perf-analyzer
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q tests/e2e --isolation process
 	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt
+	$(BIN)/python -m pytest -q tests/e2e --workers 2
 
 bench: install-test perf-analyzer
 	$(BIN)/python perf/bench_identity.py

@@ -58,6 +58,14 @@ ISOLATION = "thread"
 #: "toml" (the default) or "pbtxt"; set from the command line in pytest_configure.
 REPO_FORMAT = "toml"
 
+# -- --workers: the e2e suite through front-end worker processes ---------------------------
+#
+# ``pytest --workers N`` starts every server (start_server) with ``--http-workers N`` unless
+# the test chooses its workers, another HTTP engine or HTTPS itself.
+
+#: --http-workers of the servers tests start; set from the command line in pytest_configure.
+WORKERS = 1
+
 
 # -- which e2e tests the extra passes of `make test` run -------------------------------------
 #
@@ -78,9 +86,9 @@ REPO_FORMAT = "toml"
 #: stats and config endpoints (which show the isolation). test_process_*.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
-    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py", "test_ensembles.py",
-    "test_generate.py",
-    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
+    "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py",
+    "test_ensembles.py", "test_frontend_workers.py", "test_generate.py", "test_inprocess.py", "test_model_control.py",
+    "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
 
@@ -99,12 +107,27 @@ CONFIG_FORMAT_SENSITIVE = frozenset({
 #: every datatype and the stock clients' flows over HTTP.
 SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 
+#: What front-end workers change (-m workers_sensitive, under --workers 2): every request
+#: crossing from a worker to the main process (infer decoded in the worker or sent raw,
+#: everything else forwarded), answers, errors and limits seen from outside: the HTTP
+#: protocol, its errors and bad input, batching and statistics, model control, shared
+#: memory, streaming, metrics, disconnects, hostile clients, the stock clients and
+#: perf_analyzer, the start-up log.
+WORKERS_SENSITIVE = frozenset({
+    "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
+    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py",
+    "test_shared_memory.py",
+})
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--isolation", choices=("thread", "process"), default="thread",
                      help="the isolation of the instances of every model the e2e tests serve")
     parser.addoption("--repo-format", choices=("toml", "pbtxt"), default="toml",
                      help="the config file of every model the e2e tests serve: config.toml or Triton's config.pbtxt")
+    parser.addoption("--workers", type=int, default=1,
+                     help="--http-workers of every server the e2e tests start that serves plain HTTP natively")
 
 
 def write_config(folder: Path, toml_text: str) -> None:
@@ -153,7 +176,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "config_format_sensitive: e2e tests `make test` runs again under --repo-format pbtxt "
         "(CONFIG_FORMAT_SENSITIVE)"
     )
-    global REPO_FORMAT
+    config.addinivalue_line(
+        "markers", "workers_sensitive: e2e tests `make test` runs again under --workers 2 (WORKERS_SENSITIVE)"
+    )
+    global REPO_FORMAT, WORKERS
+    WORKERS = config.getoption("workers")
     ISOLATION = config.getoption("isolation")
     REPO_FORMAT = config.getoption("repo_format")
     if ISOLATION == "process" or REPO_FORMAT == "pbtxt":
@@ -232,6 +259,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("isolation_sensitive")
             if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
                 item.add_marker("config_format_sensitive")
+            if parts[-1] in WORKERS_SENSITIVE | SMOKE:
+                item.add_marker("workers_sensitive")
         if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
             # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
             # per-test limit (pyproject's, 120 s) must leave it that long and the test its time.
@@ -414,6 +443,8 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
         command += ["--grpc-port", str(grpc_port)]
     if engine is not None:
         command += ["--http-server", engine]
+    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server", "--http-use-ssl"} & set(args):
+        command += ["--http-workers", str(WORKERS)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -130,6 +130,7 @@ _FLAGS = (
     _Flag("--log-error", "log_error", _bool, "log errors (default true)"),
     _Flag("--log-format", "log_format", str, "default | ISO8601", ("default", "ISO8601")),
     _Flag("--http-server", "http_server", str, f"HTTP engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
+    _Flag("--http-workers", "http_workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
     _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),
@@ -291,6 +292,8 @@ def _prepare(options: ServerOptions) -> Callable[[], int]:
         if secured:
             # Ray's own proxies serve the ports: nereid's TLS and restrictions would not apply.
             raise ValueError(f"{', '.join(secured)}: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
+        if options.http_workers > 1:
+            raise ValueError("--http-workers: not available with --ray-replicas (Ray Serve's proxies serve the ports)")
         from nereid.ray.serve import run_on_ray  # imported late: Ray is an optional extra
 
         return lambda: run_on_ray(options)

@@ -72,6 +72,10 @@ class ServerOptions:
     log_format: str = "default"
     #: which engine serves HTTP: native (nereid's own, on httptools), uvicorn, granian or hypercorn.
     http_server: str = "native"
+    #: front-end worker processes serving the HTTP port with the native engine (1: the
+    #: main process serves it itself); models, batchers and instances stay in the main
+    #: process, so one batch holds requests from every worker (frontends/).
+    http_workers: int = 1
     #: requests with a larger body (after decompression) are refused with 400.
     max_request_size: int = 256 * 1024 * 1024
     #: JSON header limit, tritonserver's --http-max-input-size (64 MiB).

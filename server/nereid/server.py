@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from nereid.asgi_engines import serve_granian, serve_hypercorn, serve_uvicorn
 from nereid.network.access import Refusals, restriction_table
 from nereid.network.listening import StartupError, fit_open_file_limit, listen, listen_error
+from nereid.frontends.shared_limits import SharedLimits, SharedRequestBudget
 from nereid.http import create_app
 from nereid.http.app import NereidApp
 from nereid.local import InProcessServer
@@ -78,9 +79,17 @@ class Server(InProcessServer):
     ) -> None:
         super().__init__(model_repository, **options)
         options_ = self.options
+        _check_workers(options_)
         self.shm = SharedMemoryManager()
+        #: with front-end workers: the connections and request bytes each process holds,
+        #: for limits held server-wide (None: one process)
+        self.shared_limits: SharedLimits | None = None
         #: request bytes held at once over HTTP and gRPC (--max-request-bytes-in-flight)
         self.request_budget = RequestBudget(self.options.max_request_bytes_in_flight)
+        if options_.http_server == "native" and options_.http_workers > 1:
+            self.shared_limits = SharedLimits.create(options_.http_workers + 1)  # the last row: this process's gRPC
+            self.request_budget = SharedRequestBudget(
+                options_.max_request_bytes_in_flight, self.shared_limits, options_.http_workers)
         #: requests refused for want of a restricted group's key (counted in /metrics)
         self.refusals = Refusals()
         self.metrics = Metrics(self.manager, self.refusals)
@@ -158,7 +167,9 @@ class Server(InProcessServer):
         metrics = await self._start_metrics()
         stopping = asyncio.create_task(self._stop_grpc_on_shutdown(grpc_server))
         try:
-            if engine == "native":
+            if engine == "native" and options.http_workers > 1:
+                await self._serve_workers()
+            elif engine == "native":
                 await self._serve_native(fd, http_tls)
             elif engine == "uvicorn":
                 await serve_uvicorn(self.app, fd, options, self.http_tls, self._shutdown)
@@ -281,6 +292,33 @@ class Server(InProcessServer):
                 raise listen_error(where, exc) from exc
             raise
 
+    async def _serve_workers(self) -> None:
+        """HTTP served by --http-workers front-end processes (frontends/): this process
+        keeps the models and answers what the workers hand over."""
+        from nereid.frontends import FrontEnds
+        from nereid.http.h1.asgi_bridge import Lifespan
+
+        options = self.options
+        assert self._shutdown is not None
+        state: dict[str, Any] = {}
+        assert self.shared_limits is not None
+        frontends = FrontEnds(self.app, options, state, options.http_workers, self.shared_limits)
+        try:
+            await frontends.start()
+        except OSError as exc:
+            raise listen_error(f"{options.http_address}:{options.http_port}", exc) from exc
+        host, port = frontends.address
+        _log.info("nereid serving %s on %s:%d (HTTP engine: native)", _folders(options), host, port)
+        _log.info("HTTP served by %d front-end workers (pids %s)", options.http_workers,
+                  ", ".join(str(pid) for pid in frontends.pids))
+        lifespan = Lifespan(self.app, state)
+        try:
+            await lifespan.startup()
+            await self._shutdown.wait()
+        finally:
+            await frontends.stop(options.exit_timeout_secs)
+            await lifespan.shutdown()
+
     def run(self) -> int:
         """Run in the current thread with uvloop (when installed) until SIGINT/SIGTERM;
         the exit status (1: the port could not be bound). When shutdown had to abandon a
@@ -317,6 +355,16 @@ class Server(InProcessServer):
             sys.stderr.flush()
             os._exit(1)
         return 0
+
+
+def _check_workers(options: ServerOptions) -> None:
+    """--http-workers > 1 needs what the workers have: the native engine, plain HTTP."""
+    if options.http_workers <= 1:
+        return
+    if options.http_server != "native":
+        raise ValueError(f"--http-workers {options.http_workers}: needs --http-server native, got {options.http_server}")
+    if options.http_use_ssl or options.http_use_ssl_mutual:
+        raise ValueError(f"--http-workers {options.http_workers}: not yet with --http-use-ssl (use --http-workers 1)")
 
 
 def _folders(options: ServerOptions) -> str:

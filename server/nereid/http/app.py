@@ -32,7 +32,7 @@ from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
 
-__all__ = ["create_app", "NereidApp"]
+__all__ = ["create_app", "infer_route", "NereidApp"]
 
 _log = logging.getLogger("nereid")
 
@@ -40,6 +40,12 @@ _log = logging.getLogger("nereid")
 _LOGGED = "nereid.logged_error"
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+def infer_route(path: str) -> tuple[str, str | None] | None:
+    """(model name, version text or None) when ``path`` is an infer path."""
+    match = _INFER_PATH.fullmatch(path)
+    return None if match is None else (match.group(1), match.group(2))
 
 
 class NereidApp:
@@ -55,8 +61,7 @@ class NereidApp:
 
     def match_infer(self, path: str) -> tuple[str, str | None] | None:
         """(model name, version text or None) when ``path`` is an infer path."""
-        match = _INFER_PATH.fullmatch(path)
-        return None if match is None else (match.group(1), match.group(2))
+        return infer_route(path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

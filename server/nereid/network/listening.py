@@ -28,9 +28,11 @@ _LISTEN_ADVICE = {
 }
 
 
-def listen(host: str, port: int, flag: str = "--http-port") -> socket.socket:
+def listen(host: str, port: int, flag: str = "--http-port", *, reuse_port: bool = False) -> socket.socket:
     """A listening TCP socket on ``host:port``, bound before any model loads, so that a
-    busy port is one clear StartupError and "serving" is logged only once it is bound."""
+    busy port is one clear StartupError and "serving" is logged only once it is bound.
+    ``reuse_port``: with SO_REUSEPORT, so that several sockets (one per front-end worker)
+    share the port and the kernel spreads connections over them."""
     where = f"{host}:{port}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -41,6 +43,8 @@ def listen(host: str, port: int, flag: str = "--http-port") -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
     except OSError as exc:

@@ -117,7 +117,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
         server = self._server
-        if len(server.connections) >= self._limits.max_connections:
+        if server.open_connections() >= self._limits.max_connections:
             server.refused_connection()
             status, headers, body = refusal(503, self._limits.told("max_connections"))
             head, _ = response_head(status, headers, len(body), True)

@@ -110,6 +110,11 @@ class NativeServer:
         routes[url] = route
         return route
 
+    def open_connections(self) -> int:
+        """Connections open now, as ``limits.max_connections`` counts them (a front-end
+        worker counts every worker's)."""
+        return len(self.connections)
+
     @property
     def refused_connections(self) -> int:
         return self.refusals.count

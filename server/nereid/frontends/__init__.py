@@ -1,0 +1,56 @@
+"""Front-end workers: several processes serve the HTTP port, one process schedules.
+
+nereid in one process parses and answers every request on one event loop, under one
+GIL: about one core's worth of small requests. ``--http-workers N`` (N > 1) moves the
+front end into N worker processes while every model version keeps exactly one scheduler
+(its batcher, queue and instances) in the main process, so a batch still holds requests
+that arrived through any worker; N copies of the whole server (uvicorn's ``--workers``)
+would load every model N times and split every batch N ways.
+
+    client --TCP--> worker i (native HTTP/1.1 engine, its own event loop and GIL)
+      infer:     parsed and checked in the worker (the same tables, rules and memo as
+                 the main process, for the model version the main process announced)
+                 -> input tensors into arena i (shared memory, reused) + a DECODED
+                 message (socket pair; the request's template is sent once, then named
+                 by number)
+                 main: WorkerLink -> InferRequest of views on the arena (no copy)
+                       -> ServingModel.submit (the same queue as everyone's) -> batch
+                 outputs -> arena i + RESULT -> the worker encodes and writes the answer
+                 (what the worker cannot decode -- a model not yet announced, a version
+                 named in the URL, compressed or heavy bodies, client shared memory,
+                 BYTES tensors, a bad request -- goes as a raw body, INFER, and the main
+                 process's own infer flow takes it: Endpoints.start_infer)
+      any other: forwarded whole to the main app (ASGI), answered back in parts:
+                 health, metadata, config, statistics, model control, repository
+                 index, shared-memory registration and generate behave as one server's
+
+The main process binds the port (one SO_REUSEPORT socket per worker, or one socket they
+share) and keeps the sockets, the models, gRPC and the metrics port; statistics and
+metrics are counted once, there. A worker that dies is restarted on its socket (its
+requests in flight fail with their connections; nobody else's); SIGTERM drains the
+workers, then the main process. ``--http-workers 1`` (the default) is the server as it
+always was: no worker, no extra hop.
+
+Input tensors of a decoded request are views on the worker's arena until its answer is
+sent: a model must not keep a reference to its inputs after ``infer`` returns (Triton's
+rule too: the buffers of a released request are reused).
+
+Modules: ``arena`` (the shared region and its ring), ``messages`` (control messages and
+their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
+requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
+the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
+main process's side of one worker), ``shared_limits`` (limits held server-wide),
+``supervisor`` (the workers' life).
+
+The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a
+row per process in shared memory, summed at each check).
+
+Not yet: gRPC through the workers (the main process serves the gRPC port, as with one
+process); health and metadata answered in the worker from shared state (they are
+forwarded, one hop); HTTPS in the workers; back-pressure on a forwarded streamed response
+(its parts queue in the worker while its client reads slowly).
+"""
+
+from nereid.frontends.supervisor import FrontEnds
+
+__all__ = ["FrontEnds"]

@@ -1,0 +1,334 @@
+"""WorkerLink: the main process's end of one front-end worker's link.
+
+Takes the worker's INFER messages into the main app's infer flow
+(``Endpoints.start_infer``, the same call the native engine makes, so the request joins
+the same queue and batches as every other) and its ASGI messages into the main app
+(``AsgiExchange``, as the native engine runs any other request); answers go back as
+ANSWER messages, their bodies written into the arena's answer half. Counts the requests
+that came through the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from nereid.errors import InternalError, NereidError
+from nereid.frontends.arena import Arena, Ring
+from nereid.frontends.layout import layout_size, read_arrays, write_arrays
+from nereid.frontends.messages import FrameReader, Kind, Outbox
+from nereid.http._asgi import error_parts
+from nereid.http.app import NereidApp
+from nereid.http.h1.asgi_bridge import AsgiExchange
+from nereid.http.infer import InferHeaders
+from nereid.inference import InferRequest
+from nereid.models.serving import ServingModel
+
+__all__ = ["WorkerLink"]
+
+_log = logging.getLogger("nereid")
+
+_INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
+_ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
+_DONE = Kind.DONE.value
+_DECODED, _MODEL, _FORGET, _RESULT, _RETRY = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value)
+
+
+class _InferAnswer:
+    """The Responder of one forwarded infer request."""
+
+    __slots__ = ("link", "id")
+
+    def __init__(self, link: WorkerLink, id: int) -> None:
+        self.link = link
+        self.id = id
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.link.answer(self.id, status, headers, [body], False)
+
+    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        self.link.answer(self.id, 200, headers, parts, True)
+
+
+class _DecodedAnswer:
+    """The outcome of a request the worker decoded: its outputs into the arena (RESULT),
+    or its error as a whole response (ANSWER)."""
+
+    __slots__ = ("link", "id", "serving")
+
+    def __init__(self, link: WorkerLink, id: int, serving: ServingModel) -> None:
+        self.link = link
+        self.id = id
+        self.serving = serving
+
+    def __call__(self, outputs: Any, error: BaseException | None) -> None:
+        link = self.link
+        link.tickets.pop(self.id, None)
+        if error is None:
+            try:
+                link.send_outputs(self.id, self.serving.version, outputs)
+            except Exception as exc:  # a bug: this request fails, loudly
+                _log.exception("sending the outputs of model %r to an HTTP worker failed", self.serving.name)
+                link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {exc}"))
+        elif isinstance(error, asyncio.CancelledError):
+            link.send((_DONE, self.id))  # withdrawn, or the server is stopping: nobody to answer
+        elif isinstance(error, NereidError):
+            link.send_error(self.id, error)
+        else:
+            link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {error}"))
+
+
+class _ForwardedExchange:
+    """The Responder (asgi_bridge's) of one forwarded request: its parts go back as messages."""
+
+    __slots__ = ("link", "id", "gone", "exchange")
+
+    def __init__(self, link: WorkerLink, id: int) -> None:
+        self.link = link
+        self.id = id
+        self.gone = False
+        self.exchange: AsgiExchange | None = None
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.link.finished(self.id)
+        self.link.send((_ANSWER, self.id, status, headers, -1, len(body), bytes(body), False))
+
+    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.link.send((_START, self.id, status, headers))
+
+    def send_body(self, body: bytes, more: bool) -> None:
+        if not more:
+            self.link.finished(self.id)
+        self.link.send((_BODY, self.id, bytes(body), more))
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.link.finished(self.id)
+        self.link.send((_CLOSE, self.id))
+
+
+class WorkerLink(asyncio.Protocol):
+    """One worker's link, in the main process: ``app`` answers what the worker hands
+    over, ``state`` is the app's lifespan state, ``arena`` the region they share.
+    ``closed`` resolves when the worker's end goes away (it stopped or died); what it
+    held is then withdrawn."""
+
+    def __init__(self, app: NereidApp, arena: Arena, state: dict[str, Any], index: int) -> None:
+        self.app = app
+        self.arena = arena
+        self.index = index
+        #: requests that came through this worker (infer and any other), and of them the
+        #: infer requests it decoded itself
+        self.requests = 0
+        self.decoded = 0
+        self.ring = Ring(len(arena.answers))
+        self._state = state
+        self._reader = FrameReader()
+        self._outbox: Outbox | None = None
+        self._transport: Any = None
+        self.tickets: dict[int, Any] = {}
+        self._manager = app.endpoints.infer_endpoint.manager
+        #: model versions announced to the worker: by token, and each name's token
+        self._announced: dict[int, ServingModel] = {}
+        self._token_of: dict[str, int] = {}
+        self._tokens = 0
+        #: request templates the worker numbered (decoding.py)
+        self._templates: dict[int, tuple[Any, ...]] = {}
+        self._exchanges: dict[int, _ForwardedExchange] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._headers: dict[tuple[Any, ...], InferHeaders] = {}
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+        self._outbox = Outbox(transport.write, self._loop.call_soon)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The worker is gone: its requests are withdrawn (their clients' connections went
+        with it); answers still to come are dropped."""
+        self._outbox = None
+        tickets, self.tickets = self.tickets, {}
+        for ticket in tickets.values():
+            ticket.withdraw()
+        exchanges, self._exchanges = self._exchanges, {}
+        for exchange in exchanges.values():
+            exchange.gone = True
+            if exchange.exchange is not None:
+                exchange.exchange.disconnect()
+        self.ring.reset()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._reader.feed(data):
+            kind = message[0]
+            if kind == _DECODED:
+                self._decoded(*message[1:])
+            elif kind == _INFER:
+                self._infer(*message[1:])
+            elif kind == _ASGI:
+                self._forwarded(*message[1:])
+            elif kind == _WITHDRAW:
+                self._withdraw(message[1])
+            elif kind == _FREED:
+                for offset in message[1]:
+                    self.ring.free(offset)
+            else:
+                _log.error("HTTP worker %d: unexpected message %r", self.index, message[:2])
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if self._outbox is not None:
+            self._outbox.send(message)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _infer(
+        self, id: int, name: str, version_text: str | None, fields: tuple[Any, ...], received_ns: int,
+        offset: int, length: int, inline: bytes | None,
+    ) -> None:
+        self.requests += 1
+        # a copy out of the arena: the parsed request's arrays are views on it, and the
+        # worker reuses the block once it has the answer
+        body = inline if inline is not None else bytes(self.arena.requests[offset:offset + length])
+        headers = self._headers.get(fields)
+        if headers is None:
+            headers = InferHeaders(())
+            headers.header_length, headers.content_encoding, headers.accept_encoding = fields
+            if len(self._headers) >= 256:
+                self._headers.clear()
+            self._headers[fields] = headers
+        answer = _InferAnswer(self, id)
+        ticket = self.app.endpoints.start_infer(name, version_text, headers, body, received_ns, answer)
+        if ticket is not None and self._outbox is not None:
+            self.tickets[id] = ticket
+        if version_text is None:
+            self._announce(name)
+
+    def _announce(self, name: str) -> None:
+        """Let the worker decode requests for ``name``'s serving version from now on (or
+        stop, when none serves): called after it sent one raw."""
+        serving = self._manager.latest.get(name)
+        token = self._token_of.get(name)
+        if token is not None and self._announced.get(token) is serving:
+            return
+        if token is not None:
+            del self._announced[token], self._token_of[name]
+            self.send((_FORGET, name, token))
+        if serving is None or serving.config.decoupled:
+            return
+        self._tokens += 1
+        self._announced[self._tokens] = serving
+        self._token_of[name] = self._tokens
+        self.send((_MODEL, name, self._tokens, serving.version, serving.config, dict(serving.labels)))
+
+    def _decoded(
+        self, id: int, token: int, number: int, template: tuple[Any, ...] | None, offset: int, request_id: str,
+        received_ns: int,
+    ) -> None:
+        """A request the worker decoded: its tensors are views on the arena block (no
+        copy), queued like any other; the block is the worker's until it has the answer."""
+        self.requests += 1
+        self.decoded += 1
+        if template is None:
+            template = self._templates[number]
+        elif number >= 0:
+            self._templates[number] = template
+        serving = self._announced.get(token)
+        if serving is None or self._manager.latest.get(serving.name) is not serving:
+            if serving is not None:
+                self._announce(serving.name)
+            _log.debug("HTTP worker %d: a request decoded for a version no longer served goes again raw", self.index)
+            self.send((_RETRY, id))  # decoded for a version no longer served: raw again
+            return
+        rows, outputs, parameters, priority, timeout_us, binary, layout = template
+        inputs = read_arrays(self.arena.requests, offset, layout)
+        request = InferRequest(serving.name, inputs, rows, request_id, serving.version, outputs,
+                               dict(parameters), priority, timeout_us, binary)
+        try:
+            ticket = serving.submit(request, received_ns, _DecodedAnswer(self, id, serving))
+        except NereidError as exc:
+            self.send_error(id, exc)
+            return
+        except Exception as exc:  # a bug must cost one request
+            _log.exception("infer on model %r failed unexpectedly", serving.name)
+            self.send_error(id, InternalError(f"internal error in infer on model '{serving.name}': {exc}"))
+            return
+        if self._outbox is not None:
+            self.tickets[id] = ticket
+
+    def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+        """A decoded request's outputs into the arena's answer half (inline when there is
+        no room, or a BYTES output)."""
+        if self._outbox is None:
+            return
+        size = layout_size(outputs)
+        offset = self.ring.allocate(size) if size is not None else None
+        if offset is None or size is None:
+            self.send((_RESULT, id, version, -1, None, dict(outputs)))
+            return
+        layout = write_arrays(self.arena.answers[offset:offset + size], outputs)
+        self.send((_RESULT, id, version, offset, layout, None))
+
+    def send_error(self, id: int, error: NereidError) -> None:
+        status, headers, body = error_parts(error)
+        self.send((_ANSWER, id, status, headers, -1, len(body), body, False))
+
+    def answer(self, id: int, status: int, headers: Any, parts: list[Any], repeat: bool) -> None:
+        """Send an infer answer: its body into the arena (inline when it has no room)."""
+        self.tickets.pop(id, None)
+        if self._outbox is None:
+            return  # the worker is gone
+        views = [memoryview(part).cast("B") for part in parts]
+        length = sum(view.nbytes for view in views)
+        offset = self.ring.allocate(length)
+        if offset is None:
+            self.send((_ANSWER, id, status, headers, -1, length, b"".join(views), repeat))
+            return
+        answers = self.arena.answers
+        at = offset
+        for view in views:
+            answers[at:at + view.nbytes] = view
+            at += view.nbytes
+        self.send((_ANSWER, id, status, headers, offset, length, None, repeat))
+
+    def _forwarded(self, id: int, scope: dict[str, Any], body: bytes) -> None:
+        self.requests += 1
+        scope["state"] = dict(self._state)
+        responder = _ForwardedExchange(self, id)
+        exchange = responder.exchange = AsgiExchange(responder, self.app, scope)
+        self._exchanges[id] = responder
+        task = self._loop.create_task(exchange.run(body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def finished(self, id: int) -> None:
+        self._exchanges.pop(id, None)
+
+    def _withdraw(self, id: int) -> None:
+        ticket = self.tickets.pop(id, None)
+        if ticket is not None:
+            ticket.withdraw()
+        exchange = self._exchanges.pop(id, None)
+        if exchange is not None:
+            exchange.gone = True
+            if exchange.exchange is not None:
+                exchange.exchange.disconnect()
+        self.send((_DONE, id))
+
+    async def aclose(self) -> None:
+        """Close the link and end the forwarded requests still running."""
+        self.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,84 @@
+"""One front-end worker process: nereid's native HTTP engine on the shared listening
+socket, with infer requests and everything else handed to the main process
+(forwarding.py). Started and restarted by supervisor.py; runs no model code.
+
+Its command line (supervisor.py writes it): listening socket, link socket and arena file
+descriptors, the arena's size, and the shared limits' descriptor and row count. The server's options come as the link's first
+message. It stops on STOP (draining its connections), on SIGTERM the same way, and
+when the main process goes away; SIGINT is the main process's to handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import cast
+
+from nereid.frontends.arena import Arena
+from nereid.frontends.forwarding import MainLink, WorkerApp
+from nereid.frontends.shared_limits import CountedConnections, SharedLimits, SharedRequestBudget
+from nereid.http.app import NereidApp
+from nereid.http.h1.limits import ConnectionLimits
+from nereid.http.h1.server import NativeServer
+from nereid.log import configure_logging
+from nereid.options import ServerOptions
+
+__all__ = ["main"]
+
+_log = logging.getLogger("nereid")
+
+
+class _WorkerServer(NativeServer):
+    """The native engine, counting connections against the limit server-wide."""
+
+    shared: SharedLimits
+
+    def open_connections(self) -> int:
+        return self.shared.connections()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The worker's entry point:
+    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows])``."""
+    fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(_serve(*fds))
+    else:
+        uvloop.run(_serve(*fds))
+
+
+async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int) -> None:
+    loop = asyncio.get_running_loop()
+    arena = Arena.attach(arena_fd, arena_size)
+    _, link = await loop.create_unix_connection(lambda: MainLink(arena), sock=socket.socket(fileno=link_fd))
+    options, index = await link.options
+    assert isinstance(options, ServerOptions)
+    configure_logging(
+        options.log_verbose, options.log_format, info=options.log_info, warning=options.log_warning,
+        error=options.log_error,
+    )
+    loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
+    link.max_json_size = options.http_max_input_size
+    restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
+    app = WorkerApp(link, restricted_inference=restricted)
+    shared = SharedLimits.attach(limits_fd, rows)
+    server = _WorkerServer(
+        # NativeServer uses of its app only what WorkerApp has: match_infer, infer_guard,
+        # endpoints.start_infer and the ASGI call
+        cast(NereidApp, app), limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs,
+        budget=SharedRequestBudget(options.max_request_bytes_in_flight, shared, index),
+    )
+    server.shared = shared
+    server.connections = CountedConnections(shared, index)
+    _log.debug("HTTP front-end worker %d serving", index)
+    try:
+        await server.serve(link.stopped, fd=listen_fd)
+    finally:
+        socket.socket(fileno=listen_fd).close()
+    _log.debug("HTTP front-end worker %d stopped", index)

@@ -1,0 +1,316 @@
+"""--http-workers: several front-end processes serve the HTTP port; the models, their
+batches and the statistics stay in the main process.
+
+Which worker serves a connection is read from outside, as an operator would: the
+server-side socket of the connection (/proc/net/tcp) and the worker process that holds
+it (/proc/<pid>/fd). Linux only, like SO_REUSEPORT's spreading.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import RepoBuilder, RunningServer
+from tests.waiting import START_TIMEOUT_S, wait_until
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see which worker holds a connection")
+
+IDENTITY = """
+name = "{name}"
+max_batch_size = {batch}
+[[input]]
+name = "INPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+[[output]]
+name = "OUTPUT0"
+data_type = "TYPE_FP32"
+dims = [4]
+{extra}
+"""
+
+
+def worker_pids(server: RunningServer) -> set[int]:
+    """The server's front-end worker processes (its children running the worker)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == server.process.pid and b"nereid.frontends.worker" in command:
+            pids.add(int(entry))
+    return pids
+
+
+def serving_worker(server: RunningServer, client_port: int) -> int | None:
+    """The pid of the worker holding the server side of the connection from ``client_port``."""
+    wanted = (f"0100007F:{server.port:04X}", f"0100007F:{client_port:04X}")
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1], fields[2]) == wanted:
+            inode = fields[9]
+    if inode is None:
+        return None
+    for pid in worker_pids(server):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if f"socket:[{inode}]" in links:
+            return pid
+    return None
+
+
+def open_connections(server: RunningServer, per_worker: int) -> list[http.client.HTTPConnection]:
+    """``per_worker`` live connections on each of the server's two workers (connections
+    are opened, and each answered once, until the kernel has spread enough to each)."""
+    by_worker: dict[int, list[http.client.HTTPConnection]] = {}
+    spare = []
+    for _ in range(200):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("GET", "/v2/health/live")
+        assert connection.getresponse().read() == b""
+        pid = wait_until(lambda: serving_worker(server, connection.sock.getsockname()[1]), "the connection's worker")
+        held = by_worker.setdefault(pid, [])
+        (held if len(held) < per_worker else spare).append(connection)
+        if len(by_worker) == 2 and all(len(held) == per_worker for held in by_worker.values()):
+            break
+    for connection in spare:
+        connection.close()
+    assert len(by_worker) == 2, f"connections reached {len(by_worker)} worker(s)"
+    return [connection for held in by_worker.values() for connection in held]
+
+
+def infer_body(values: list[float]) -> bytes:
+    shape = [1, len(values)]
+    return json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape, "data": values}]}).encode()
+
+
+def test_infer_with_binary_and_json_tensors_through_two_workers(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra="[dynamic_batching]"))
+    server = serve(repo.root, "--http-workers", "2")
+    assert len(worker_pids(server)) == 2
+    clients = [httpclient.InferenceServerClient(server.url) for _ in range(6)]
+    for index, client in enumerate(clients):
+        for binary in (True, False):
+            data = np.full((1, 4), index, dtype=np.float32)
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(data, binary_data=binary)
+            output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+            result = client.infer("identity", [tensor], outputs=[output])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    stats = clients[0].get_inference_statistics("identity")["model_stats"][0]
+    assert stats["inference_count"] == 12
+    assert clients[0].is_model_ready("identity")
+    assert clients[0].get_model_metadata("identity")["inputs"][0]["name"] == "INPUT0"
+
+
+def test_a_bad_infer_request_is_refused_through_a_worker_and_the_next_one_succeeds(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.request("POST", "/v2/models/identity/infer", body=infer_body([1.0, 2.0]))
+    response = connection.getresponse()
+    assert response.status == 400
+    assert "unexpected shape for input 'INPUT0'" in json.loads(response.read())["error"]
+    connection.request("POST", "/v2/models/identity/infer", body=infer_body([1.0, 2.0, 3.0, 4.0]))
+    response = connection.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read())["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+    connection.close()
+
+
+def test_one_batch_holds_requests_that_came_through_different_workers(repo: RepoBuilder, serve) -> None:
+    # the batch leaves only when all 8 requests are queued (a 1000 s delay otherwise)
+    extra = "[dynamic_batching]\npreferred_batch_size = [8]\nmax_queue_delay_microseconds = 1000000000"
+    repo.add("gather", IDENTITY.format(name="gather", batch=8, extra=extra))
+    server = serve(repo.root, "--http-workers", "2")
+    connections = open_connections(server, per_worker=4)
+    answers: list[int] = []
+
+    def infer(connection: http.client.HTTPConnection, value: float) -> None:
+        connection.request("POST", "/v2/models/gather/infer", body=infer_body([value] * 4))
+        response = connection.getresponse()
+        body = json.loads(response.read())
+        assert response.status == 200, body
+        assert body["outputs"][0]["data"] == [value] * 4
+        answers.append(response.status)
+
+    threads = [threading.Thread(target=infer, args=(connection, float(index)))
+               for index, connection in enumerate(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(START_TIMEOUT_S)
+    for connection in connections:
+        connection.close()
+    assert answers == [200] * 8
+    client = httpclient.InferenceServerClient(server.url)
+    stats = client.get_inference_statistics("gather")["model_stats"][0]
+    assert (stats["inference_count"], stats["execution_count"]) == (8, 1)
+    assert {stats["batch_stats"][0]["batch_size"]} == {8}
+
+
+def test_a_killed_worker_is_restarted_and_the_server_keeps_answering(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2")
+    before = worker_pids(server)
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> set[int] | None:
+        pids = worker_pids(server)
+        return pids if len(pids) == 2 and victim not in pids else None
+
+    after = wait_until(replaced, "a worker in place of the killed one", timeout=START_TIMEOUT_S)
+    assert after - before and not (before - after) - {victim}
+    wait_until(lambda: "exited with status -9" in server.log(), "the log saying the worker died")
+    for index in range(12):  # new connections, spread over both workers, all answered
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("POST", "/v2/models/identity/infer", body=infer_body([float(index)] * 4))
+        response = connection.getresponse()
+        assert response.status == 200 and json.loads(response.read())["outputs"][0]["data"] == [float(index)] * 4
+        connection.close()
+
+
+def test_a_dead_worker_fails_only_the_requests_it_held(repo: RepoBuilder, serve) -> None:
+    extra = "[dynamic_batching]\npreferred_batch_size = [8]\nmax_queue_delay_microseconds = 1000000000"
+    repo.add("gather", IDENTITY.format(name="gather", batch=8, extra=extra))
+    server = serve(repo.root, "--http-workers", "2")
+    connections = open_connections(server, per_worker=3)  # 3 on one worker, then 3 on the other
+    victim = serving_worker(server, connections[0].sock.getsockname()[1])
+    outcomes: dict[int, object] = {}
+
+    def infer(index: int, connection: http.client.HTTPConnection) -> None:
+        try:
+            connection.request("POST", "/v2/models/gather/infer", body=infer_body([float(index)] * 4))
+            response = connection.getresponse()
+            outcomes[index] = json.loads(response.read())["outputs"][0]["data"]
+        except (ConnectionError, http.client.HTTPException) as exc:
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=infer, args=(index, connection)) for index, connection in enumerate(connections)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 6, "6 requests queued")
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    # the dead worker's 3 requests leave the queue; the other worker's 3 stay
+    wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 3, "3 requests left queued")
+    # 5 more, through any worker (the restarted one included), fill the batch
+    fresh = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=60) for _ in range(5)]
+    late = [threading.Thread(target=infer, args=(index, connection)) for index, connection in enumerate(fresh, 6)]
+    for thread in late:
+        thread.start()
+    for thread in threads + late:
+        thread.join(START_TIMEOUT_S)
+    for connection in connections + fresh:
+        connection.close()
+    assert all(isinstance(outcomes[index], (ConnectionError, http.client.HTTPException)) for index in range(3))
+    assert {index: outcomes[index] for index in range(3, 11)} == {index: [float(index)] * 4 for index in range(3, 11)}
+    client = httpclient.InferenceServerClient(server.url)
+    stats = client.get_inference_statistics("gather")["model_stats"][0]
+    assert (stats["inference_count"], stats["execution_count"]) == (8, 1)
+
+
+def test_sigterm_stops_the_workers_and_the_main_process_with_no_orphans(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "3")
+    pids = worker_pids(server)
+    assert len(pids) == 3
+    assert server.stop() == 0
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    assert "HTTP front-end workers stopped" in server.log()
+
+
+def test_workers_exit_when_the_main_process_is_killed(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2")
+    pids = worker_pids(server)
+    server.process.kill()
+    server.process.wait()
+    server.stopped = True
+    wait_until(lambda: not [pid for pid in pids if os.path.exists(f"/proc/{pid}")], "the workers gone with their main process")
+
+
+def test_model_control_and_the_repository_index_through_workers_are_one_servers(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit")
+    clients = [httpclient.InferenceServerClient(server.url) for _ in range(4)]
+    clients[0].load_model("identity")
+    assert all(client.is_model_ready("identity") for client in clients)
+    assert [entry["state"] for entry in clients[1].get_model_repository_index()] == ["READY"]
+    clients[2].unload_model("identity")
+    wait_until(lambda: not clients[3].is_model_ready("identity"), "the model unloaded, as every worker sees")
+    with pytest.raises(Exception, match="unknown model|not ready|unavailable"):
+        clients[3].infer("identity", [_tensor()])
+
+
+def test_a_model_reloaded_with_another_config_is_decoded_by_the_new_one(repo: RepoBuilder, serve) -> None:
+    # The workers decode requests with the config the main process announced; after a
+    # reload, a request decoded with the old one is sent again (raw) and checked by the new.
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit", "--load-model", "identity",
+                   "--log-verbose", "1")
+    connections = open_connections(server, per_worker=1)
+
+    def infer(values: list[float]) -> tuple[int, dict[str, object]]:
+        statuses = []
+        for connection in connections:  # each worker, twice: the second is decoded there
+            for _ in range(2):
+                connection.request("POST", "/v2/models/identity/infer", body=infer_body(values))
+                response = connection.getresponse()
+                statuses.append((response.status, json.loads(response.read())))
+        assert all(status == statuses[0] for status in statuses), statuses
+        return statuses[0]
+
+    assert infer([1.0, 2.0, 3.0, 4.0])[0] == 200
+    narrower = {"name": "identity", "max_batch_size": 8,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}
+    httpclient.InferenceServerClient(server.url).load_model("identity", config=json.dumps(narrower))
+    status, body = infer([1.0, 2.0, 3.0, 4.0])
+    assert status == 400 and "unexpected shape for input 'INPUT0'" in str(body["error"])
+    assert infer([5.0, 6.0]) == (200, {"model_name": "identity", "model_version": "1", "outputs": [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 2], "data": [5.0, 6.0]}]})
+    assert "decoded for a version no longer served goes again raw" in server.log()
+    for connection in connections:
+        connection.close()
+
+
+def _tensor() -> httpclient.InferInput:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+    return tensor
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    pytest.param(["--http-server", "uvicorn"], "--http-workers 2: needs --http-server native, got uvicorn", id="engine"),
+    pytest.param(["--ray-replicas", "1"], "--http-workers: not available with --ray-replicas", id="ray"),
+])
+def test_workers_are_refused_where_they_cannot_serve(repo: RepoBuilder, flags: list[str], message: str) -> None:
+    import subprocess
+
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    done = subprocess.run(
+        [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repo.root), "--http-workers", "2", *flags],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr

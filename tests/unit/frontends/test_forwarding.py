@@ -1,0 +1,95 @@
+"""The worker's end of the link: what it sends for an infer request, and what it does
+with the answers (a fake transport in place of the socket pair, a recording responder)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nereid.frontends.arena import Arena
+from nereid.frontends.forwarding import MainLink
+from nereid.frontends.messages import FrameReader, Kind, frame
+from nereid.http.infer import InferHeaders
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.reader = FrameReader()
+        self.sent: list[tuple[Any, ...]] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent += self.reader.feed(data)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.replies: list[tuple[Any, ...]] = []
+
+    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.replies.append(("reply", status, headers, body))
+
+    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
+        self.replies.append(("repeat", headers, b"".join(parts)))
+
+
+def run(test: Any) -> None:
+    async def main() -> None:
+        arena = Arena.create(1 << 16)
+        link = MainLink(arena)
+        transport = FakeTransport()
+        link.connection_made(transport)
+        try:
+            await test(link, transport, arena)
+        finally:
+            arena.close()
+
+    asyncio.run(main())
+
+
+def test_a_raw_infer_body_goes_into_the_arena_and_its_answer_comes_back() -> None:
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        responder = Recorder()
+        body = b'{"inputs": []}'
+        link.start_infer("m", None, InferHeaders([]), body, 123, responder)
+        await asyncio.sleep(0)  # the outbox writes once per loop turn
+        (message,) = transport.sent
+        kind, id, name, version, _, received_ns, offset, length, inline = message
+        assert (kind, name, version, received_ns, length, inline) == (Kind.INFER, "m", None, 123, len(body), None)
+        assert bytes(arena.requests[offset:offset + length]) == body
+        arena.answers[0:5] = b"hello"
+        link.data_received(frame((Kind.ANSWER.value, id, 200, [(b"content-type", b"text/plain")], 0, 5, None, False)))
+        assert responder.replies == [("reply", 200, [(b"content-type", b"text/plain")], b"hello")]
+        assert link.ring.blocks == 0  # the body's block is free again
+        await asyncio.sleep(0)
+        assert transport.sent[-1] == (Kind.FREED, [0])  # and the main process may reuse the answer's
+
+    run(test)
+
+
+def test_a_withdrawn_request_is_not_answered_and_its_block_waits_for_done() -> None:
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        responder = Recorder()
+        ticket = link.start_infer("m", None, InferHeaders([]), b"x" * 100, 1, responder)
+        assert ticket is not None
+        ticket.withdraw()
+        await asyncio.sleep(0)
+        assert transport.sent[-1] == (Kind.WITHDRAW, ticket.id)
+        assert link.ring.blocks == 1  # the main process may still be reading it
+        link.data_received(frame((Kind.DONE.value, ticket.id)))
+        assert link.ring.blocks == 0 and responder.replies == []
+
+    run(test)
+
+
+def test_when_the_main_process_goes_away_requests_in_flight_get_503() -> None:
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        responder = Recorder()
+        link.start_infer("m", None, InferHeaders([]), b"{}", 1, responder)
+        link.connection_lost(None)
+        assert [reply[1] for reply in responder.replies] == [503]
+        assert link.stopped.is_set()
+        later = Recorder()
+        assert link.start_infer("m", None, InferHeaders([]), b"{}", 1, later) is None
+        assert b"main process is gone" in later.replies[0][3]
+
+    run(test)
