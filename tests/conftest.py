@@ -115,8 +115,8 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: perf_analyzer, the start-up log.
 WORKERS_SENSITIVE = frozenset({
     "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
-    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
-    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py",
+    "test_endpoints.py", "test_ensembles.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py", "test_sequences.py",
     "test_shared_memory.py",
 })
 

@@ -18,7 +18,7 @@ would load every model N times and split every batch N ways.
                  outputs -> arena i + RESULT -> the worker encodes and writes the answer
                  (what the worker cannot decode -- a model not yet announced, a version
                  named in the URL, compressed or heavy bodies, client shared memory,
-                 BYTES tensors, a bad request -- goes as a raw body, INFER, and the main
+                 BYTES tensors, sequence parameters, a bad request -- goes as a raw body, INFER, and the main
                  process's own infer flow takes it: Endpoints.start_infer)
       any other: forwarded whole to the main app (ASGI), answered back in parts:
                  health, metadata, config, statistics, model control, repository

@@ -12,7 +12,7 @@ encoder, compressed if asked).
 
 Anything this does not cover goes to the main process as a raw body instead
 (``decode`` returns None): a model not announced or a version named in the URL, a
-compressed or heavy body, client shared memory, BYTES tensors, a request the worker's
+compressed or heavy body, client shared memory, BYTES tensors, sequence parameters, a request the worker's
 parser refuses (the main process then says what is wrong, with the config it serves).
 """
 
@@ -83,6 +83,8 @@ def decode(model: Announced, name: str, headers: InferHeaders, body: bytes, max_
         request = read_request(body, headers.header_length, model.tables, name, model.version, max_json_size,
                                _no_shared_memory)
     except Exception:  # shared memory, or a bad request: the main process answers it
+        return None
+    if request.sequence is not None:  # a sequence's id and flags differ each request: no template
         return None
     outputs = request.outputs
     if outputs is not None and any(output.shm_region is not None for output in outputs):
