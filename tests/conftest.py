@@ -58,6 +58,11 @@ ISOLATION = "thread"
 #: "toml" (the default) or "pbtxt"; set from the command line in pytest_configure.
 REPO_FORMAT = "toml"
 
+#: Triton's files vendored unchanged (their own test scripts among them, e.g. qa's
+#: ensemble_test.py) are run by tests/e2e/test_triton_models.py, never collected as ours.
+collect_ignore = ["triton_examples"]
+
+
 # -- --workers: the e2e suite through front-end worker processes ---------------------------
 #
 # ``pytest --workers N`` starts every server (start_server) with ``--http-workers N`` unless
