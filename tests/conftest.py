@@ -88,7 +88,7 @@ WORKERS = 1
 #: statistics across a process boundary, model faults and BaseExceptions in a worker,
 #: streaming and decoupled models, warmup, shared memory, load/unload/reload of worker
 #: processes, Triton's BLS and pb_utils models, the in-process API, failed loads, the
-#: stats and config endpoints (which show the isolation). test_process_*.py and
+#: stats and config endpoints (which show the isolation). test_process_*.py, test_shared_process.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
     "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py",
@@ -105,6 +105,7 @@ ISOLATION_SENSITIVE = frozenset({
 CONFIG_FORMAT_SENSITIVE = frozenset({
     "test_batching_http.py", "test_device_tensors.py", "test_endpoints.py", "test_ensembles.py", "test_generate.py",
     "test_model_control.py", "test_process_features.py", "test_process_instances.py", "test_sequences.py",
+    "test_shared_process.py",
     "test_several_repositories.py", "test_triton_models.py", "test_unavailable_reasons.py",
 })
 

@@ -170,20 +170,25 @@ class _Rules:
         # is missing); KIND_CPU must not.
         if group.kind == "KIND_CPU" and group.gpus:
             self.fail(f"{where}.gpus", "no GPUs with kind KIND_CPU", list(group.gpus))
+        # processes: how process instances are laid out; threads have none
+        if group.processes and group.isolation == "thread":
+            self.fail(f"{where}.processes", 'no processes with isolation = "thread" (or isolation = "process")',
+                      group.processes)
 
     def isolation_by_name(self, groups: Sequence[InstanceGroup]) -> None:
-        # The JSON form keys a group's isolation by its name, so groups sharing a name
-        # (which the loader allows) must share the isolation too.
+        # The JSON form keys a group's isolation and processes by its name, so groups
+        # sharing a name (which the loader allows) must share them too.
         first_index: dict[str, int] = {}
         for index, group in enumerate(groups):
             first = first_index.setdefault(group.name, index)
-            if groups[first].isolation != group.isolation:
-                expected = (
-                    f"{render(groups[first].isolation) if groups[first].isolation else 'no isolation'} "
-                    f"(the isolation of instance_group[{first}], "
-                    f"which has the same name {render(group.name)})"
-                )
-                self.fail(f"instance_group[{index}].isolation", expected, group.isolation or "none")
+            for key in ("isolation", "processes"):
+                theirs, mine = getattr(groups[first], key), getattr(group, key)
+                if theirs != mine:
+                    expected = (
+                        f"{render(theirs) if theirs else 'no ' + key} (the {key} of instance_group[{first}], "
+                        f"which has the same name {render(group.name)})"
+                    )
+                    self.fail(f"instance_group[{index}].{key}", expected, mine or "none")
 
     def warmup(self, where: str, warmup: ModelWarmup, config: ModelConfig) -> None:
         size = warmup.batch_size

@@ -31,6 +31,7 @@ from nereid.config.triton_json import (
     INPUT_TENSORS,
     MAX_CONCURRENT_BATCHES,
     PAD_VALUE_PREFIX,
+    PROCESSES_SUFFIX,
     isolation_group_name,
     toml_shaped,
 )
@@ -61,7 +62,7 @@ _DYNAMIC_BATCHING_KEYS = (
 _QUEUE_POLICY_KEYS = (
     "timeout_action", "default_timeout_microseconds", "allow_timeout_override", "max_queue_size",
 )  # fmt: skip
-_INSTANCE_GROUP_KEYS = ("name", "count", "kind", "gpus", "isolation")
+_INSTANCE_GROUP_KEYS = ("name", "count", "kind", "gpus", "isolation", "processes")
 _WARMUP_KEYS = ("name", "batch_size", "inputs", "count")
 _WARMUP_INPUT_KEYS = ("data_type", "dims", "zero_data", "random_data", "input_data_file")
 _WARMUP_DATA_KEYS = ("zero_data", "random_data", "input_data_file")
@@ -70,6 +71,7 @@ _FORMATS = ("FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW")
 _KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 _TIMEOUT_ACTIONS = ("REJECT", "DELAY")
 _ISOLATIONS = ("thread", "process")
+_PROCESSES = ("per_device", "per_instance")
 _DATA_TYPE_NAMES = ", ".join(dt.config_name for dt in DATATYPES)
 _DIMS = "a list of integers, each -1 (any size) or >= 1"
 
@@ -286,6 +288,7 @@ def _instance_groups(root: Table, model_name: str) -> tuple[InstanceGroup, ...]:
             kind=table.enum("kind", "KIND_AUTO", _KINDS, "KIND_"),
             gpus=gpus,
             isolation=_isolation(table),
+            processes=_processes(table),
         )
         groups.append(group)
     return tuple(groups)
@@ -308,6 +311,17 @@ def _isolation(table: Table) -> str:
     if isinstance(value, str) and value.lower() in _ISOLATIONS:
         return value.lower()
     table.fail("isolation", '"thread" or "process"', value)
+
+
+def _processes(table: Table) -> str:
+    """``"per_device"`` or ``"per_instance"``; case does not matter. Not set: ``""``
+    (decided by the kind at load: devices.processes_of)."""
+    if not table.has("processes"):
+        return ""
+    value = table.raw("processes")
+    if isinstance(value, str) and value.lower() in _PROCESSES:
+        return value.lower()
+    table.fail("processes", '"per_device" or "per_instance"', value)
 
 
 def _parameters(table: Table | None) -> dict[str, str]:
@@ -337,6 +351,8 @@ def _extension_home(name: str) -> str | None:
         return "the top-level input_tensors"
     if isolation_group_name(name) is not None:
         return "isolation in the group's [[instance_group]] table"
+    if isolation_group_name(name, PROCESSES_SUFFIX) is not None:
+        return "processes in the group's [[instance_group]] table"
     return None
 
 

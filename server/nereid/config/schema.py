@@ -120,6 +120,11 @@ class InstanceGroup:
     #: (not set): decided at load, ``"process"`` for instances on a GPU (the model's Python
     #: must not share a GIL with the server), ``"thread"`` on the CPU (devices.py).
     isolation: str = ""
+    #: nereid extension, for process instances: ``"per_device"`` (the group's instances on
+    #: one device share one worker process: one CUDA context, a CUDA stream per instance) or
+    #: ``"per_instance"`` (a process each); ``""`` (not set): ``"per_device"`` on a GPU,
+    #: ``"per_instance"`` on the CPU (devices.py).
+    processes: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,24 +33,30 @@ MAX_CONCURRENT_BATCHES = "max_concurrent_batches"
 PAD_VALUE_PREFIX = "pad_value."
 EXECUTION_TIMEOUT_MS = "execution_timeout_ms"
 INPUT_TENSORS = "input_tensors"
-#: ``instance_group.<group name>.isolation``, present for groups that are not threads.
+#: ``instance_group.<group name>.isolation`` and ``...processes``, present for groups that
+#: set them.
 ISOLATION_PREFIX = "instance_group."
 ISOLATION_SUFFIX = ".isolation"
+PROCESSES_SUFFIX = ".processes"
+#: the per-group keys carried as ``instance_group.<group name>.<key>`` parameters
+_GROUP_KEYS = {ISOLATION_SUFFIX: "isolation", PROCESSES_SUFFIX: "processes"}
 
 
-def isolation_parameter(group_name: str) -> str:
-    """The parameter that carries a group's ``isolation`` in the JSON form."""
-    return ISOLATION_PREFIX + group_name + ISOLATION_SUFFIX
+def isolation_parameter(group_name: str, suffix: str = ISOLATION_SUFFIX) -> str:
+    """The parameter that carries a group's ``isolation`` (or, with PROCESSES_SUFFIX, its
+    ``processes``) in the JSON form."""
+    return ISOLATION_PREFIX + group_name + suffix
 
 
-def isolation_group_name(parameter: str) -> str | None:
-    """The group an ``instance_group.<name>.isolation`` parameter names, else None."""
+def isolation_group_name(parameter: str, suffix: str = ISOLATION_SUFFIX) -> str | None:
+    """The group an ``instance_group.<name>.isolation`` parameter (or ``<suffix>``) names,
+    else None."""
     if (
         parameter.startswith(ISOLATION_PREFIX)
-        and parameter.endswith(ISOLATION_SUFFIX)
-        and len(parameter) > len(ISOLATION_PREFIX) + len(ISOLATION_SUFFIX)
+        and parameter.endswith(suffix)
+        and len(parameter) > len(ISOLATION_PREFIX) + len(suffix)
     ):
-        return parameter[len(ISOLATION_PREFIX) : -len(ISOLATION_SUFFIX)]
+        return parameter[len(ISOLATION_PREFIX) : -len(suffix)]
     return None
 
 
@@ -247,6 +253,8 @@ def _parameters(config: ModelConfig) -> dict[str, object]:
         # as set: not set ("") is left out (its default depends on the device)
         if group.isolation:
             values[isolation_parameter(group.name)] = group.isolation
+        if group.processes:
+            values[isolation_parameter(group.name, PROCESSES_SUFFIX)] = group.processes
     if config.execution_timeout_ms:
         values[EXECUTION_TIMEOUT_MS] = str(config.execution_timeout_ms)
     if config.input_tensors != "numpy":
@@ -404,12 +412,15 @@ def _input_tensors_from_parameters(data: dict[str, object], parameters: dict[obj
 def _isolation_from_parameters(
     data: dict[str, object], parameters: dict[object, object], source: str, folder_name: str
 ) -> None:
+    """``instance_group.<name>.isolation`` and ``.processes`` into the groups they name."""
     model_name = data.get("name", folder_name)
     groups = data.get("instance_group")
     for key in [key for key in parameters if isinstance(key, str)]:
-        group_name = isolation_group_name(key)
-        if group_name is None:
+        found = [(suffix, name) for suffix, name in _GROUP_KEYS.items() if isolation_group_name(key, suffix)]
+        if not found:
             continue
+        suffix, field = found[0]
+        group_name = isolation_group_name(key, suffix)
         if groups is None and group_name == model_name:
             # No groups given: the default group is named after the model (load.py).
             groups = data["instance_group"] = [{"name": model_name}]
@@ -423,14 +434,14 @@ def _isolation_from_parameters(
         where = key_path("parameters", key)
         value = _string(parameters.pop(key), where, source)
         for index, item in named:
-            given = item.get("isolation", value)
+            given = item.get(field, value)
             if not isinstance(given, str) or given.lower() != value.lower():
                 detail = (
-                    f"conflicts with instance_group[{index}].isolation = {render(given)}; "
+                    f"conflicts with instance_group[{index}].{field} = {render(given)}; "
                     "set it in one place"
                 )
                 raise ConfigError(source, where, detail=detail)
-            item.setdefault("isolation", value)
+            item.setdefault(field, value)
 
 
 def _string(value: object, where: str, source: str) -> str:

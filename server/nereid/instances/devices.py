@@ -17,7 +17,7 @@ from pathlib import Path
 from nereid.config.schema import InstanceGroup, ModelConfig
 from nereid.errors import ModelLoadError
 
-__all__ = ["GpuInventory", "isolation_of", "placements", "resolve_instance_groups"]
+__all__ = ["GpuInventory", "isolation_of", "placements", "process_hosts", "processes_of", "resolve_instance_groups"]
 
 
 class GpuInventory:
@@ -40,7 +40,8 @@ async def resolve_instance_groups(config: ModelConfig, config_path: Path, gpus: 
     """``config`` with every instance group concrete: KIND_AUTO becomes KIND_GPU when a GPU
     is visible (else KIND_CPU), as Triton does for the Python backend; a KIND_GPU group
     without ``gpus`` gets all of them; no ``[[instance_group]]`` means one KIND_AUTO group.
-    Raises ModelLoadError for KIND_GPU without a GPU, or a GPU index that does not exist."""
+    Raises ModelLoadError for KIND_GPU without a GPU, a GPU index that does not exist, or
+    ``processes`` on a group whose instances are threads."""
     groups = config.instance_group or (InstanceGroup(name=config.name),)
     count = await gpus.count() if any(group.kind != "KIND_CPU" for group in groups) else 0
     resolved: list[InstanceGroup] = []
@@ -64,7 +65,14 @@ async def resolve_instance_groups(config: ModelConfig, config_path: Path, gpus: 
                     )
             if not group.gpus:
                 group = dataclasses.replace(group, gpus=tuple(range(count)))
-        resolved.append(dataclasses.replace(group, kind=kind, name=group.name or config.name))
+        group = dataclasses.replace(group, kind=kind, name=group.name or config.name)
+        if group.processes and isolation_of(group) == "thread":
+            raise ModelLoadError(
+                config.name,
+                f"{config_path}: instance_group[{index}].processes: only for process instances, and this "
+                f'group\'s instances are threads (kind {kind}, no isolation set): set isolation = "process"',
+            )
+        resolved.append(group)
     return dataclasses.replace(config, instance_group=tuple(resolved))
 
 
@@ -86,6 +94,36 @@ def isolation_of(group: InstanceGroup) -> str:
     on a GPU (the model's Python, torch's dispatch included, must not share a GIL with the
     server's parsing and answering) and a thread on the CPU."""
     return group.isolation or ("process" if group.kind == "KIND_GPU" else "thread")
+
+
+def processes_of(group: InstanceGroup) -> str:
+    """How a resolved group's process instances are laid out: its ``processes``, or when
+    not set ``"per_device"`` on a GPU (one CUDA context, so the instances' kernels overlap
+    instead of time-slicing the GPU) and ``"per_instance"`` on the CPU (a GIL each)."""
+    return group.processes or ("per_device" if group.kind == "KIND_GPU" else "per_instance")
+
+
+def process_hosts(placed: list[tuple[InstanceGroup, str]]) -> list[int | None]:
+    """For each placement (``placements()``), the worker process its instance runs in,
+    numbered from 0 in order of first use (instances with the same number share one
+    process), or None for a thread instance. ``per_device`` instances on one device share
+    a process, across the model's groups; ``per_instance`` ones have one each."""
+    hosts: list[int | None] = []
+    shared: dict[str, int] = {}
+    count = 0
+    for group, device in placed:
+        if isolation_of(group) == "thread":
+            hosts.append(None)
+            continue
+        if processes_of(group) == "per_device":
+            if device not in shared:
+                shared[device] = count
+                count += 1
+            hosts.append(shared[device])
+        else:
+            hosts.append(count)
+            count += 1
+    return hosts
 
 
 def _visible_gpus() -> int:

@@ -1,5 +1,6 @@
-"""ProcessInstance: a model instance that is an OS process of its own (``isolation =
-"process"``): the batches side; the process is ``worker.py``'s, its supervisor ``supervisor.py``'s.
+"""ProcessInstance: a model instance in an OS process (``isolation = "process"``), of its
+own or shared with the model's other instances on its device (``processes``): the batches
+side; the process is ``worker.py``'s, its supervisor ``supervisor.py``'s.
 
 It has the surface of ``thread.ModelInstance`` (the batcher, warmup and loader cannot
 tell them apart): ``start``, ``run_batch``, ``run_stream``, ``cost_function``, ``close``,
@@ -13,7 +14,8 @@ A process that dies (a signal, ``os._exit``, a crash in a C extension) fails the
 was running with an error naming the model, the instance and the cause; the batcher then
 reruns the batch-mates one at a time, so only the request that crashes it fails. A batch
 past ``execution_timeout_ms`` fails with ExecutionTimeoutError and its process is killed.
-Either way the supervisor restarts the process and batches wait for it.
+Either way the supervisor restarts the process and batches wait for it. In a shared
+process a death fails the running batches of every instance in it.
 """
 
 from __future__ import annotations
@@ -41,9 +43,22 @@ from nereid.instances.call_server import CallServer
 from nereid.instances.channel import Arena, ChannelClosed, write_arrays
 from nereid.triton_python.bls import BlsTarget
 from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
-from nereid.instances.supervisor import Slot, WorkerProcess
+from nereid.instances.link import Slot
+from nereid.instances.supervisor import WorkerProcess
 
-__all__ = ["InstanceDiedError", "ProcessInstance"]
+__all__ = ["InstanceDiedError", "ProcessInstance", "worker_process"]
+
+
+def worker_process(model_file: Path, config: ModelConfig) -> WorkerProcess:
+    """A worker process for instances of the model ``config`` describes (they join it as
+    ProcessInstances, before the first starts it): one, or all those on one device."""
+    batching = config.dynamic_batching
+    capacity = batching.max_concurrent_batches if batching is not None else 1
+    # Two batch slots per batch it may run: the batcher hands the next batch over while
+    # the current one runs, and it waits in the process, inputs in, for its turn (not
+    # under an execution timeout, which counts from the moment a batch is sent).
+    slots = capacity if config.execution_timeout_ms else 2 * capacity
+    return WorkerProcess(model_file, config.name, slots + 1, capacity)  # + the control channel
 
 
 class InstanceDiedError(ModelExecutionError):
@@ -56,10 +71,12 @@ class ProcessInstance:
 
     def __init__(
         self, model_file: Path, context: ModelContext, config: ModelConfig, faults: FaultLog | None = None,
-        bls: BlsTarget | None = None,
+        bls: BlsTarget | None = None, host: WorkerProcess | None = None,
     ) -> None:
         """``bls``: where its model code's BLS requests go (None: not available); its
-        custom metrics go to ``context.metrics`` (``call_server.py``)."""
+        custom metrics go to ``context.metrics`` (``call_server.py``). ``host``: the worker
+        process it joins (``worker_process()``, shared with other instances); None: one of
+        its own."""
         self.model_file = model_file
         #: the server's fault log: outputs that do not match the config (model code's own
         #: failures are logged by the process)
@@ -77,14 +94,10 @@ class ProcessInstance:
         self.queues_batches = True
         self._problem: str | None = None
         self.model_class: ModelClass | None = None
-        # Two batch slots per batch it may run: the batcher hands the next batch over while
-        # the current one runs, and it waits in the process, inputs in, for its turn (not
-        # under an execution timeout, which counts from the moment a batch is sent).
-        slots = self.capacity if self.timeout_s is not None else 2 * self.capacity
         self.bls = bls
-        self.worker = WorkerProcess(  # + the control channel
-            model_file, context, slots + 1, self.capacity,
-            serve_calls=lambda channel, loop: CallServer.of_instance(channel, context, bls, loop),
+        host = host if host is not None else worker_process(model_file, config)
+        self.worker = host.link(
+            context, serve_calls=lambda channel, loop: CallServer.of_instance(channel, context, bls, loop),
         )
         self._threads = InstanceThreads(self.capacity, self.name)
         self._cost_inputs: Arena | None = None
@@ -345,9 +358,7 @@ class ProcessInstance:
         trip per request, on the event loop: keep it cheap)."""
         if not self.worker.ready:
             raise RuntimeError(f"instance {self.name} is restarting")
-        process = self.worker.process
-        assert process is not None
-        channel = process.channels[0]
+        channel = self.worker.control
         arena = self._cost_arena()
         specs = write_arrays(arena, inputs)
         try:

@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from nereid.instances.channel import Arena, Unsendable, read_arrays
-from nereid.instances.supervisor import Slot
+from nereid.instances.link import Slot
 
 __all__ = ["adopt_arena", "reply_outputs", "restore_unsendable"]
 

@@ -1,14 +1,17 @@
-"""The process of one process instance (``isolation = "process"``): ``python -m
+"""The process of one or more process instances (``isolation = "process"``): ``python -m
 nereid.instances.worker FD...``, started by ``supervisor.WorkerProcess`` for ``process.ProcessInstance``.
 
-It imports ``model.py``, builds the ``Model`` with its ``ModelContext`` (on its device),
-says "ready" with what it learnt of the class, then serves each of its channels on a
-thread of its own: ``infer`` (inputs from the server's arena, outputs into its own),
+It imports ``model.py`` once, builds each instance's ``Model`` with its ``ModelContext``
+(on its device; on CUDA each instance gets a CUDA stream of its own, current in each of
+its threads, so instances sharing the process, and so one CUDA context, overlap their
+work), says "ready" on each instance's control channel with what it learnt of the class,
+then serves each channel on a thread of its own: ``infer`` (inputs from the server's arena, outputs into its own),
 ``stream`` (a decoupled model's steps, one acknowledged message each), ``batch_size``
 and ``close``. Model code's custom metrics and BLS requests go to the server on the
 calls channel (``calls.py``), its queued metric updates sent before each reply. Model faults are logged here, with their traceback (the server only
 reports them to the client). It ends when the server closes its channels, when told to
-close, and when the server process dies (the kernel's parent-death signal).
+close (every instance in it), and when the server process dies (the kernel's
+parent-death signal).
 """
 
 from __future__ import annotations
@@ -90,7 +93,13 @@ def _picklable(value: Any) -> bool:
 
 
 class _Worker:
-    def __init__(self, channels: list[Channel], init: dict[str, Any], calls: ServerCalls | None = None) -> None:
+    """One instance in this process: its Model, its channels (control first), and on a
+    CUDA device its own CUDA stream, current in each of its threads."""
+
+    def __init__(
+        self, channels: list[Channel], init: dict[str, Any], calls: ServerCalls | None = None,
+        model_class: ModelClass | None = None,
+    ) -> None:
         self.channels = channels
         #: the way to the server for model code's custom metrics and BLS requests
         self.calls = calls
@@ -99,17 +108,16 @@ class _Worker:
             self.context = dataclasses.replace(self.context, metrics=MetricsProxy(calls))
         #: this process's own fault log (its model's failures, logged here with their tracebacks)
         self.faults = FaultLog()
-        self.model_class: ModelClass = load_model_class(
+        self.model_class: ModelClass = model_class or load_model_class(
             init["model_file"], self.context.model_name, self.context.model_version, self.faults
         )
+        #: its CUDA stream (None: not on a CUDA device): instances sharing this process
+        #: then overlap their kernels on the one CUDA context
+        self.stream = _cuda_stream(self.context.device)
         self.loop: asyncio.AbstractEventLoop | None = None
         if self.model_class.infer_is_async:
             self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self.loop.run_forever, name="worker-loop", daemon=True).start()
-        if self.context.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.set_device(self.context.device)
+            threading.Thread(target=self._run_loop, name="worker-loop", daemon=True).start()
         #: ``input_tensors = "torch"`` (the config's JSON form carries it as a parameter)
         self.device_inputs: DeviceInputs | None = None
         parameters = self.context.config.get("parameters", {})
@@ -122,6 +130,7 @@ class _Worker:
         #: ahead waits here, its inputs in (and on the device), for the one before to end
         self.turns = threading.Semaphore(init.get("concurrency") or len(channels))
         try:
+            self.use_stream()  # its __init__'s work (weights to the device) on its stream too
             if self.model_class.triton:
                 self.model = TritonModel(cls, self.context, ProcessBls(calls) if calls is not None else None)
             else:
@@ -134,6 +143,30 @@ class _Worker:
                 f"{describe_exception(exc)}",
             ) from exc
         self.flush()
+
+    def use_stream(self) -> None:
+        """Make the instance's CUDA stream current in the calling thread (torch keeps the
+        current stream per thread)."""
+        if self.stream is not None:
+            import torch
+
+            torch.cuda.set_stream(self.stream)
+
+    def _run_loop(self) -> None:
+        assert self.loop is not None
+        self.use_stream()
+        self.loop.run_forever()
+
+    def outputs(self, raw: Any) -> Any:
+        """What the model returned, made transferable (``worker_outputs``), its CUDA work
+        finished on the instance's stream before the outputs are read."""
+        outputs = worker_outputs(raw)
+        self.synchronize()
+        return outputs
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def flush(self) -> None:
         """Send the metric updates model code queued (before a reply: a scrape after the
@@ -153,6 +186,7 @@ class _Worker:
 
     def serve(self, channel: Channel) -> None:
         """Answer one channel's messages until it closes."""
+        self.use_stream()
         inputs_arena: Arena | None = None
         outputs_arena = Arena()
         while True:
@@ -221,7 +255,7 @@ class _Worker:
         error: tuple[str, str, str] | None = None
         with self.turns:
             try:
-                outputs = worker_outputs(self._call(self.model.infer, inputs, *params))
+                outputs = self.outputs(self._call(self.model.infer, inputs, *params))
             except BaseException as exc:
                 error = self._fault("infer", exc)
         self.flush()
@@ -267,7 +301,7 @@ class _Worker:
             try:
                 for step in steps:
                     self.flush()
-                    self._send_outputs(channel, arena, "step", worker_outputs(step))
+                    self._send_outputs(channel, arena, "step", self.outputs(step))
                     ack, _ = channel.recv()
                     if ack[0] != "more":
                         break
@@ -293,7 +327,9 @@ class _Worker:
             return
         self.flush()
         try:
-            channel.send(("ok-triton", [_portable(answer) for answer in answers]))
+            portable = [_portable(answer) for answer in answers]
+            self.synchronize()
+            channel.send(("ok-triton", portable))
         except _PICKLE_ERRORS as exc:
             channel.send(("error", "TypeError", f"execute returned a value that cannot be sent to the server: {exc}"))
 
@@ -332,6 +368,16 @@ class _Worker:
 
 
 _PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, ValueError)
+
+
+def _cuda_stream(device: str) -> Any:
+    """A new CUDA stream on ``device`` (made its current device), or None off CUDA."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    torch.cuda.set_device(device)
+    return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
 
 def _portable(answer: Any) -> Any:
@@ -387,28 +433,44 @@ def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
 
 
 def run_worker(argv: list[str] | None = None) -> int:
+    """The process: its instances' channels are the file descriptors in ``argv`` (per
+    instance: control, a channel per batch slot, calls); the first says what to build."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     channels = [Channel(socket.socket(fileno=fd)) for fd in fds]
     init, _ = channels[0].recv()
-    calls = ServerCalls(channels.pop()) if init.get("calls") else None
     settings = init["log"]
     configure_logging(settings.log_verbose_level, settings.log_format, info=settings.log_info,
                       warning=settings.log_warning, error=settings.log_error)
+    members: list[list[Channel]] = []
+    for member in init["members"]:
+        members.append(channels[: member["channels"]])
+        channels = channels[member["channels"] :]
+    workers: list[_Worker] = []
     try:
-        worker = _Worker(channels, init, calls)
+        for member, own in zip(init["members"], members):
+            calls = ServerCalls(own[-1])
+            first = workers[0].model_class if workers else None  # model.py is imported once per process
+            workers.append(_Worker(own[:-1], dict(member, model_file=init["model_file"]), calls, first))
     except BaseException as exc:  # import or __init__: the server makes the model UNAVAILABLE
         # the reason, as a thread instance's load words it (load_model_class's own, the
         # __init__ one above, else the model loader's "<file>: <exception>")
         reason = exc.message if isinstance(exc, ModelLoadError) else f"{init['model_file']}: {describe_exception(exc)}"
-        channels[0].send(("load-error", reason))
+        for own in members:
+            own[0].send(("load-error", reason))
         return 1
-    channels[0].send(("ready", worker.traits()))
-    threads = [threading.Thread(target=worker.serve, args=(ch,), daemon=True) for ch in channels[1:]]
-    for thread in threads:
-        thread.start()
-    worker.serve(channels[0])
+    for worker in workers:
+        worker.channels[0].send(("ready", worker.traits()))
+    controls = []
+    for worker in workers:
+        for index, channel in enumerate(worker.channels):
+            thread = threading.Thread(target=worker.serve, args=(channel,), daemon=True)
+            thread.start()
+            if index == 0:
+                controls.append(thread)
+    for thread in controls:  # every instance closed (or the server gone)
+        thread.join()
     return 0
 
 

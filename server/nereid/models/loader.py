@@ -25,13 +25,14 @@ from nereid.config.schema import ModelConfig, ModelTransactionPolicy
 from nereid.context import ModelContext
 from nereid.ensembles import EnsembleScheduler, StepModels, decoupled_problem, ensemble_problem
 from nereid.custom_metrics import CustomMetrics, OwnedMetrics
-from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
+from nereid.instances.devices import GpuInventory, isolation_of, placements, process_hosts, resolve_instance_groups
 from nereid.errors import InvalidInputError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class, unload_model_module
-from nereid.instances.process import ProcessInstance
+from nereid.instances.process import ProcessInstance, worker_process
+from nereid.instances.supervisor import WorkerProcess
 from nereid.repository.scan import ModelSource, VersionSource
 from nereid.models.serving import ServingModel
 from nereid.stats import ModelStats
@@ -100,12 +101,25 @@ class ModelLoader:
                 model_class = await asyncio.to_thread(
                     load_model_class, version.model_file, name, version.version, self.faults
                 )
-            for index, (group, device) in enumerate(groups):
+            # a sequence model's instances also take its control and state tensors
+            run_config = execution_config(config)
+            hosts = process_hosts(groups)
+            workers: dict[int, WorkerProcess] = {}  # by process_hosts' number
+            # every instance first (listed, so that a failed start closes them all), then
+            # started in order: instances sharing a process join it before it starts
+            for index, ((group, device), host) in enumerate(zip(groups, hosts)):
                 context = _instance_context(name, config, config_json, version, index, device)
                 context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
-                # a sequence model's instances also take its control and state tensors
-                await self._start_instance(instances, isolation_of(group), model_class, context,
-                                           execution_config(config), version)
+                if host is None:
+                    assert model_class is not None
+                    instances.append(ModelInstance(model_class, context, run_config, self.faults, self.bls))
+                    continue
+                if host not in workers:
+                    workers[host] = worker_process(version.model_file, run_config)
+                instances.append(ProcessInstance(version.model_file, context, run_config, self.faults, self.bls,
+                                                 workers[host]))
+            for instance in instances:
+                await self._start_instance(instance)
             if model_class is None:  # process instances only: what they learnt of the class
                 model_class = instances[0].model_class
             assert model_class is not None
@@ -172,27 +186,12 @@ class ModelLoader:
         scheduler = EnsembleScheduler(config, self.steps, stats)
         return ServingModel(source.name, version.version, config, to_triton_json(config), stats, scheduler, (), None)
 
-    async def _start_instance(
-        self,
-        instances: list[ModelInstance | ProcessInstance],
-        isolation: str,
-        model_class: ModelClass | None,
-        context: ModelContext,
-        config: ModelConfig,
-        version: VersionSource,
-    ) -> None:
-        """Start one instance (listed in ``instances`` first, so that a failed start is
-        closed with the others): in a process of its own, or on threads of this one
-        (constructors one at a time)."""
-        instance: ModelInstance | ProcessInstance
-        if isolation == "process":
-            instance = ProcessInstance(version.model_file, context, config, self.faults, self.bls)
-            instances.append(instance)
+    async def _start_instance(self, instance: ModelInstance | ProcessInstance) -> None:
+        """Start one instance: a process instance in its worker process (started by the
+        first of its instances), a thread instance here (constructors one at a time)."""
+        if isinstance(instance, ProcessInstance):
             await instance.start()  # its own process: no import lock needed
             return
-        assert model_class is not None
-        instance = ModelInstance(model_class, context, config, self.faults, self.bls)
-        instances.append(instance)
         async with self._construct_lock:
             await instance.start()
 

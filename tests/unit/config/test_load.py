@@ -864,6 +864,23 @@ REJECTED = [
         id="input-tensors-unknown",
     ),
     pytest.param(
+        '[[instance_group]]\nprocesses = "shared"',
+        'instance_group[0].processes: expected "per_device" or "per_instance", got "shared"',
+        id="unknown-processes",
+    ),
+    pytest.param(
+        '[[instance_group]]\nisolation = "thread"\nprocesses = "per_device"',
+        'instance_group[0].processes: expected no processes with isolation = "thread" (or isolation = "process"), '
+        'got "per_device"',
+        id="processes-with-threads",
+    ),
+    pytest.param(
+        '[[instance_group]]\nname = "g"\nprocesses = "per_device"\n[[instance_group]]\nname = "g"',
+        'instance_group[1].processes: expected "per_device" (the processes of instance_group[0], '
+        'which has the same name "g"), got "none"',
+        id="same-group-name-different-processes",
+    ),
+    pytest.param(
         '[[instance_group]]\nname = "g"\n[[instance_group]]\nname = "g"\nisolation = "process"',
         'instance_group[1].isolation: expected no isolation (the isolation of instance_group[0], '
         'which has the same name "g"), got "process"',

@@ -884,3 +884,14 @@ def test_rendering_is_deterministic(document: dict[str, Any]) -> None:
     second = parse_model_config(copy.deepcopy(document), source=SOURCE, folder_name="add_one")
     assert json.dumps(as_json(first)) == json.dumps(as_json(second))
     assert json.dumps(as_json(first)) == json.dumps(as_json(from_json(as_json(first))))
+
+
+def test_processes_travel_as_a_group_parameter_and_come_back() -> None:
+    config = minimal(instance_group=(InstanceGroup("add_one", isolation="process", processes="per_instance"),))
+    rendered = as_json(config)
+    assert rendered["parameters"] == {
+        "instance_group.add_one.isolation": {"string_value": "process"},
+        "instance_group.add_one.processes": {"string_value": "per_instance"},
+    }
+    assert all("processes" not in group for group in rendered["instance_group"])
+    assert from_json(json.loads(json.dumps(rendered))).instance_group[0].processes == "per_instance"

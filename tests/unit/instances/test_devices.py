@@ -10,7 +10,9 @@ import pytest
 
 import nereid.instances.devices
 from nereid.config.schema import InstanceGroup, ModelConfig
-from nereid.instances.devices import GpuInventory, isolation_of, placements, resolve_instance_groups
+from nereid.instances.devices import (
+    GpuInventory, isolation_of, placements, process_hosts, processes_of, resolve_instance_groups,
+)
 from nereid.errors import ModelLoadError
 
 CONFIG_PATH = Path("/models/m/config.toml")
@@ -98,4 +100,32 @@ def test_a_gpu_index_beyond_the_visible_ones_fails_naming_it(monkeypatch: pytest
         resolve(config(InstanceGroup(kind="KIND_GPU", gpus=(0, 2))), 2, monkeypatch)
     assert raised.value.message == (
         f"{CONFIG_PATH}: instance_group[0].gpus: GPU 2 does not exist (visible GPUs: [0, 1])"
+    )
+
+
+def test_processes_not_set_share_one_per_gpu_and_give_one_each_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    groups = (InstanceGroup(name="g", kind="KIND_GPU", count=2), InstanceGroup(name="c", kind="KIND_CPU", isolation="process"))
+    resolved, _ = resolve(config(*groups), 2, monkeypatch)
+    assert [processes_of(group) for group in resolved.instance_group] == ["per_device", "per_instance"]
+    # g: 2 on cuda:0, 2 on cuda:1; c: 1 on the CPU
+    assert process_hosts(placements(resolved)) == [0, 0, 1, 1, 2]
+
+
+def test_per_device_instances_share_a_process_across_groups_and_threads_have_none() -> None:
+    on_gpu = InstanceGroup(name="a", kind="KIND_GPU", count=1, gpus=(0,))
+    also_on_gpu = InstanceGroup(name="b", kind="KIND_GPU", count=2, gpus=(0,))
+    split = InstanceGroup(name="s", kind="KIND_GPU", count=2, gpus=(0,), processes="per_instance")
+    threads = InstanceGroup(name="t", kind="KIND_GPU", count=1, gpus=(0,), isolation="thread")
+    cpu_shared = InstanceGroup(name="c", kind="KIND_CPU", count=2, isolation="process", processes="per_device")
+    resolved = config(on_gpu, threads, split, also_on_gpu, cpu_shared)
+    assert process_hosts(placements(resolved)) == [0, None, 1, 2, 0, 0, 3, 3]
+
+
+def test_processes_on_a_group_of_threads_is_a_load_error_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    group = InstanceGroup(name="c", kind="KIND_CPU", processes="per_device")
+    with pytest.raises(ModelLoadError) as caught:
+        resolve(config(InstanceGroup(name="g", kind="KIND_CPU"), group), 0, monkeypatch)
+    assert caught.value.reason == (
+        f"{CONFIG_PATH}: instance_group[1].processes: only for process instances, and this group's instances are "
+        'threads (kind KIND_CPU, no isolation set): set isolation = "process"'
     )

@@ -10,7 +10,7 @@ import numpy as np
 
 from nereid.instances.channel import Arena, Channel, Unsendable, write_arrays
 from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
-from nereid.instances.supervisor import Slot
+from nereid.instances.link import Slot
 
 
 def slot() -> Slot:
