@@ -18,6 +18,9 @@ __all__ = ["Layout", "layout_size", "read_arrays", "row_signature", "rows_size",
 Layout = tuple[tuple[str, int, "str | np.dtype[Any]", tuple[int, ...]], ...]
 
 _ALIGN = 64
+#: tensors up to this many bytes are copied through ``tobytes`` (one call) rather than
+#: through a byte view of the array (three)
+_SMALL = 4096
 
 #: how each dtype seen travels: its text, or itself when the text does not name it back
 _SPELLING: dict[np.dtype[Any], str | np.dtype[Any]] = {}
@@ -47,7 +50,10 @@ def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
     at = 0
     for name, array in arrays.items():
         size = array.nbytes
-        if size:
+        if size <= _SMALL:
+            # a small tensor's bytes object costs less than the views that avoid it
+            block[at:at + size] = array.tobytes()
+        else:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             block[at:at + size] = array.reshape(-1).view(np.uint8).data
