@@ -54,8 +54,8 @@ class _InferAnswer:
 
 
 class _DecodedAnswer:
-    """The outcome of a request the worker decoded: its outputs into the arena (RESULT),
-    or its error as a whole response (ANSWER)."""
+    """The outcome of a request the worker decoded: its outputs into the arena (with the
+    others of this loop turn: RESULTS), or its error as a whole response (ANSWER)."""
 
     __slots__ = ("link", "id", "serving")
 

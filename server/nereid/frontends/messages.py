@@ -22,7 +22,7 @@ _LENGTH = struct.Struct("<I")
 
 class Kind(enum.IntEnum):
     """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
-    worker: OPTIONS (first, once), ANSWER, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
+    worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
     MODEL, FORGET."""
 
     #: (INFER, id, name, version, (header length, content encoding, accept encoding),
