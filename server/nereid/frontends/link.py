@@ -275,7 +275,9 @@ class WorkerLink(asyncio.Protocol):
     def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         """A decoded request's outputs: gathered with the others of this loop turn that
         have the same version and kinds of outputs, to go in one arena block (RESULTS);
-        alone (RESULT) when they cannot be joined."""
+        alone (RESULT) when they cannot be joined. They are copied at the turn's end, as
+        the batcher already has the instance run its next batch while this one's answers
+        go out (a model's outputs are never written again once returned)."""
         outbox = self._outbox
         if outbox is None:
             return
