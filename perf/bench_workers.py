@@ -11,7 +11,8 @@ For every repeat, level and worker count (the order of the counts flipped every 
 repeat) perf_analyzer runs ``-i http -b 1 --concurrency-range C`` against a server with
 ``--http-workers N``; the medians, the ratios of each N to N = 1 and each server's CPU
 time per inference (all its processes, from /proc) are printed, every run goes to --csv
-and the medians to --plot. Runs unchanged on a many-core machine (say ``--workers
+and the medians to --plot; each run's CPU is split between the main process and the
+workers (the CSV's last column, and a table at the end). Runs unchanged on a many-core machine (say ``--workers
 1,4,8,16 --concurrency 64,256 --model bert``); on a 2-core machine perf_analyzer takes
 about a core itself.
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -81,6 +84,8 @@ class WorkersNereid(Server):
         super().__init__(log_dir)
         self.args = args
         self.workers = workers
+        #: (all processes, main process) CPU seconds at each cpu_seconds call
+        self.marks: list[tuple[float, float]] = []
         self.metrics_port = free_port()
         self.grpc_port = free_port()
         self.model_repo = log_dir / f"model_repository_{self.name}"
@@ -92,6 +97,29 @@ class WorkersNereid(Server):
         else:
             (folder / "config.toml").write_text(CONFIG_TOML.format(queue_delay_us=0))
             (folder / "model.py").write_text(MODEL_PY)
+
+    def cpu_seconds(self) -> float:
+        """All the server's processes' CPU time (as Server's), noting the main process's
+        share of it too, so a run splits its CPU per inference between the main process
+        and the workers."""
+        total = super().cpu_seconds()
+        main = float("nan")
+        if self.proc is not None:
+            try:
+                with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                pass
+            else:
+                fields = stat[stat.rindex(b")") + 2:].split()
+                main = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        self.marks.append((total, main))
+        return total
+
+    def main_share(self) -> float:
+        """The main process's share of the CPU time between the last two cpu_seconds calls."""
+        (total0, main0), (total1, main1) = self.marks[-2:]
+        return (main1 - main0) / (total1 - total0) if total1 > total0 else float("nan")
 
     def command(self) -> list[str]:
         return [
@@ -129,6 +157,15 @@ def plot(path: Path, rows: list[dict[str, object]], names: list[str], levels: li
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     log(f"plot written to {path}")
+
+
+def _add_main_cpu(path: Path, runs: list[Run]) -> None:
+    """A column for the main process's CPU per inference in write_csv's file."""
+    lines = path.read_text().splitlines()
+    lines[0] += ",main_cpu_us_per_infer"
+    for index, run in enumerate(runs, start=1):
+        lines[index] += f",{run.extra.get('main_cpu_us', float('nan')):.1f}"
+    path.write_text("\n".join(lines) + "\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -175,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     for level in levels:
                         run = run_level(args, server, level, repeat, work)
+                        run.extra["main_cpu_us"] = run.cpu_us * server.main_share()
                         log(f"{server.name} c={level} r={repeat}: "
-                            + (f"{run.throughput:,.0f} infer/s, {run.cpu_us:.0f} us CPU/infer" if run.ok else run.error))
+                            + (f"{run.throughput:,.0f} infer/s, {run.cpu_us:.0f} us CPU/infer "
+                               f"(main process {run.extra['main_cpu_us']:.0f})" if run.ok else run.error))
                         failed |= not run.ok
                         runs.append(run)
                 finally:
@@ -188,8 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in names[1:]:  # each count against the first
         print(f"\n{name} against {names[0]} ({args.model} model, {args.protocol.upper()}):")
         print_table(rows, [name, names[0]], levels)
+    print("\nserver CPU per inference, medians (us): all processes / main process / workers")
+    for level in levels:
+        for name in names:
+            ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
+            if ok:
+                total = statistics.median(run.cpu_us for run in ok)
+                main = statistics.median(run.extra["main_cpu_us"] for run in ok)
+                print(f"{name:<4} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}")
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
+        _add_main_cpu(Path(args.csv), runs)
     if args.plot:
         plot(Path(args.plot), rows, names, levels, args)
     if args.json:

@@ -15,7 +15,9 @@ would load every model N times and split every batch N ways.
                  by number)
                  main: WorkerLink -> InferRequest of views on the arena (no copy)
                        -> ServingModel.submit (the same queue as everyone's) -> batch
-                 outputs -> arena i + RESULT -> the worker encodes and writes the answer
+                 outputs -> arena i + RESULTS (the outputs of every request answered
+                 in one loop turn joined in one block, one message) -> the worker
+                 encodes and writes each answer
                  (what the worker cannot decode -- a model not yet announced, a version
                  named in the URL, compressed or heavy bodies, client shared memory,
                  BYTES tensors, sequence parameters, a bad request -- goes as a raw body, INFER, and the main

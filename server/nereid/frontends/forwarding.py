@@ -32,8 +32,9 @@ _log = logging.getLogger("nereid")
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
 _DONE, _STOP, _OPTIONS = Kind.DONE.value, Kind.STOP.value, Kind.OPTIONS.value
-_DECODED, _MODEL, _FORGET, _RESULT, _RETRY = (
-    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value)
+_DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
+    Kind.RESULTS.value)
 #: templates a worker names by number (past this many, new ones travel whole each time)
 _MAX_TEMPLATES = 4096
 
@@ -220,7 +221,9 @@ class MainLink(asyncio.Protocol):
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == _RESULT:
+        if kind == _RESULTS:
+            self._results(*message[1:])
+        elif kind == _RESULT:
             self._result(*message[1:])
         elif kind == _ANSWER:
             self._answer(*message[1:])
@@ -281,6 +284,24 @@ class MainLink(asyncio.Protocol):
         finally:
             if inline is None:
                 self._freed.append(offset)
+
+    def _results(self, version: int, offset: int, layout: Any, entries: tuple[tuple[int, int], ...]) -> None:
+        """Several decoded requests' outputs in one block, their rows one after the other:
+        each encoded here, then the block is let go."""
+        calls = self._calls
+        try:
+            joined = read_arrays(self.arena.answers, offset, layout)
+            start = 0
+            for id, rows in entries:
+                call = calls.pop(id, None)
+                self._release(call)
+                if isinstance(call, _DecodedCall) and not call.withdrawn:
+                    end = start + rows
+                    outputs = {name: array[start:end] for name, array in joined.items()}
+                    answer(call.model, call.name, call.request, call.accept_encoding, version, outputs, call.responder)
+                start += rows
+        finally:
+            self._freed.append(offset)
 
     def _retry(self, id: int) -> None:
         """The main process no longer serves what this request was decoded for: it goes

@@ -13,11 +13,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["Layout", "layout_size", "read_arrays", "write_arrays"]
+__all__ = ["Layout", "layout_size", "read_arrays", "row_signature", "rows_size", "write_arrays", "write_rows"]
 
 Layout = tuple[tuple[str, int, "str | np.dtype[Any]", tuple[int, ...]], ...]
 
 _ALIGN = 64
+#: tensors up to this many bytes are copied through ``tobytes`` (one call) rather than
+#: through a byte view of the array (three)
+_SMALL = 4096
 
 #: how each dtype seen travels: its text, or itself when the text does not name it back
 _SPELLING: dict[np.dtype[Any], str | np.dtype[Any]] = {}
@@ -47,7 +50,10 @@ def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
     at = 0
     for name, array in arrays.items():
         size = array.nbytes
-        if size:
+        if size <= _SMALL:
+            # a small tensor's bytes object costs less than the views that avoid it
+            block[at:at + size] = array.tobytes()
+        else:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             block[at:at + size] = array.reshape(-1).view(np.uint8).data
@@ -59,3 +65,47 @@ def write_arrays(block: memoryview, arrays: Mapping[str, np.ndarray]) -> Layout:
 def read_arrays(buffer: memoryview, offset: int, layout: Layout) -> dict[str, np.ndarray]:
     """Views of the arrays ``layout`` describes in the block at ``offset`` of ``buffer``."""
     return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset + at) for name, at, dtype, shape in layout}
+
+
+def row_signature(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[Any, ...], int] | None:
+    """What arrays must share to be laid out one after the other by ``write_rows`` (each
+    one's name, dtype and shape past the first axis), and their rows (the first axis,
+    the same for all); None when they cannot be (a scalar, an object array, arrays of
+    different rows)."""
+    signature = []
+    rows = -1
+    for name, array in arrays.items():
+        if array.ndim == 0 or array.dtype.hasobject or (rows >= 0 and array.shape[0] != rows):
+            return None
+        rows = array.shape[0]
+        signature.append((name, array.dtype, array.shape[1:]))
+    return tuple(signature), rows
+
+
+def rows_size(signature: tuple[Any, ...], rows: int) -> int:
+    """The bytes ``write_rows`` needs for ``rows`` rows of arrays of ``signature``."""
+    total = 0
+    for _, dtype, shape in signature:
+        size = rows * dtype.itemsize
+        for extent in shape:
+            size *= extent
+        total += (size + _ALIGN - 1) & ~(_ALIGN - 1)
+    return total
+
+
+def write_rows(block: memoryview, signature: tuple[Any, ...], rows: int, parts: list[Mapping[str, np.ndarray]]) -> Layout:
+    """Copy each array of ``parts`` (all of ``signature``, ``rows`` rows in all) into
+    ``block`` (``rows_size`` bytes), the parts' rows of one name one after the other, and
+    describe the joined arrays (``read_arrays`` reads them back)."""
+    layout = []
+    at = 0
+    for name, dtype, shape in signature:
+        full = (rows, *shape)
+        joined = np.ndarray(full, dtype, buffer=block, offset=at)
+        if len(parts) == 1:
+            joined[...] = parts[0][name]
+        else:
+            np.concatenate([part[name] for part in parts], out=joined)
+        layout.append((name, at, _spelling(dtype), full))
+        at += (joined.nbytes + _ALIGN - 1) & ~(_ALIGN - 1)
+    return tuple(layout)

@@ -16,7 +16,7 @@ from typing import Any
 
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
-from nereid.frontends.layout import layout_size, read_arrays, write_arrays
+from nereid.frontends.layout import layout_size, read_arrays, row_signature, rows_size, write_arrays, write_rows
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.http._asgi import error_parts
 from nereid.http.app import NereidApp
@@ -32,8 +32,9 @@ _log = logging.getLogger("nereid")
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
 _DONE = Kind.DONE.value
-_DECODED, _MODEL, _FORGET, _RESULT, _RETRY = (
-    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value)
+_DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
+    Kind.RESULTS.value)
 
 
 class _InferAnswer:
@@ -53,8 +54,8 @@ class _InferAnswer:
 
 
 class _DecodedAnswer:
-    """The outcome of a request the worker decoded: its outputs into the arena (RESULT),
-    or its error as a whole response (ANSWER)."""
+    """The outcome of a request the worker decoded: its outputs into the arena (with the
+    others of this loop turn: RESULTS), or its error as a whole response (ANSWER)."""
 
     __slots__ = ("link", "id", "serving")
 
@@ -141,6 +142,9 @@ class WorkerLink(asyncio.Protocol):
         self._exchanges: dict[int, _ForwardedExchange] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
+        #: decoded requests' outputs gathered over this loop turn, by version and
+        #: signature: sent together at the flush (RESULTS)
+        self._results: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -154,6 +158,7 @@ class WorkerLink(asyncio.Protocol):
         """The worker is gone: its requests are withdrawn (their clients' connections went
         with it); answers still to come are dropped."""
         self._outbox = None
+        self._results = {}
         tickets, self.tickets = self.tickets, {}
         for ticket in tickets.values():
             ticket.withdraw()
@@ -268,14 +273,62 @@ class WorkerLink(asyncio.Protocol):
             self.tickets[id] = ticket
 
     def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
-        """A decoded request's outputs into the arena's answer half (inline when there is
-        no room, or a BYTES output)."""
+        """A decoded request's outputs: gathered with the others of this loop turn that
+        have the same version and kinds of outputs, to go in one arena block (RESULTS);
+        alone (RESULT) when they cannot be joined. They are copied at the turn's end, as
+        the batcher already has the instance run its next batch while this one's answers
+        go out (a model's outputs are never written again once returned)."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        joinable = row_signature(outputs)
+        if joinable is None:
+            self._send_result(id, version, outputs)
+            return
+        signature, rows = joinable
+        results = self._results
+        if not results:
+            outbox.before_flush(self._send_results)
+        group = results.get((version, signature))
+        if group is None:
+            results[(version, signature)] = [(id, rows, outputs)]
+        else:
+            group.append((id, rows, outputs))
+
+    def _send_results(self) -> None:
+        """Each group of this turn's outputs into one arena block: one RESULTS message,
+        one copy per output name (or a RESULT each when the arena has no room)."""
+        results, self._results = self._results, {}
         if self._outbox is None:
             return
+        for (version, signature), group in results.items():
+            rows = 0
+            for _, count, _ in group:
+                rows += count
+            size = rows_size(signature, rows)
+            offset = self.ring.allocate(size)
+            if offset is None:
+                for id, _, outputs in group:
+                    self._send_result(id, version, outputs)
+                continue
+            try:
+                layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
+                                    [outputs for _, _, outputs in group])
+            except Exception as exc:  # a bug: these requests fail, loudly
+                self.ring.free(offset)
+                _log.exception("sending outputs to HTTP worker %d failed", self.index)
+                for id, _, _ in group:
+                    self.send_error(id, InternalError(f"internal error in infer: {exc}"))
+                continue
+            self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
+
+    def _send_result(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+        """One request's outputs into the arena's answer half (inline when there is no
+        room, or a BYTES output: copied, as the message is pickled at the flush)."""
         size = layout_size(outputs)
         offset = self.ring.allocate(size) if size is not None else None
         if offset is None or size is None:
-            self.send((_RESULT, id, version, -1, None, dict(outputs)))
+            self.send((_RESULT, id, version, -1, None, {name: array.copy() for name, array in outputs.items()}))
             return
         layout = write_arrays(self.arena.answers[offset:offset + size], outputs)
         self.send((_RESULT, id, version, offset, layout, None))

@@ -1,10 +1,11 @@
 """The control messages between a front-end worker and the main process, and their
 framing on the socket pair that joins them.
 
-A message is a small tuple ``(kind, request id, ...)``, pickled with a 4-byte length in
-front; tensors never travel here unless the arena is full (they live in arena.py's
-shared region, and a message carries the offset and length). Frames are written in
-batches: ``Outbox`` gathers the frames of one loop turn into one write.
+A message is a small tuple ``(kind, request id, ...)``; tensors never travel here unless
+the arena is full (they live in arena.py's shared region, and a message carries the
+offset and length). ``Outbox`` gathers the messages of one loop turn into one frame (the
+list of them pickled once, a 4-byte length in front) and one write: a busy link pays one
+pickle, one system call and one wake-up per turn, not per request.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _LENGTH = struct.Struct("<I")
 
 class Kind(enum.IntEnum):
     """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
-    worker: OPTIONS (first, once), ANSWER, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
+    worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
     MODEL, FORGET."""
 
     #: (INFER, id, name, version, (header length, content encoding, accept encoding),
@@ -59,10 +60,16 @@ class Kind(enum.IntEnum):
     RESULT = 19
     #: (RETRY, id): send that decoded request again as a raw body (its model changed)
     RETRY = 20
+    #: (RESULTS, version, offset, layout, ((id, rows), ...)): the outputs of several
+    #: decoded requests in one arena block, each output's rows of every request one after
+    #: the other (the first request's rows first); the worker frees the block once it
+    #: has answered them all
+    RESULTS = 21
 
 
-def frame(message: tuple[Any, ...]) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def frame(*messages: tuple[Any, ...]) -> bytes:
+    """One frame carrying ``messages``, in order."""
+    payload = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
     return _LENGTH.pack(len(payload)) + payload
 
 
@@ -75,7 +82,7 @@ class FrameReader:
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
         buffer = self._buffer
         buffer += data
-        messages = []
+        messages: list[tuple[Any, ...]] = []
         start = 0
         end = len(buffer)
         while end - start >= 4:
@@ -83,7 +90,7 @@ class FrameReader:
             if end - start - 4 < length:
                 break
             with memoryview(buffer) as view:
-                messages.append(pickle.loads(view[start + 4:start + 4 + length]))
+                messages += pickle.loads(view[start + 4:start + 4 + length])
             start += 4 + length
         if start:
             del buffer[:start]
@@ -91,21 +98,36 @@ class FrameReader:
 
 
 class Outbox:
-    """Frames for one transport, written together once per loop turn (``schedule``: the
-    loop's ``call_soon``), so a busy worker sends many messages per system call."""
+    """Messages for one transport, written together once per loop turn (``schedule``: the
+    loop's ``call_soon``) as one frame. ``before_flush(callback)``: ``callback`` runs at
+    that flush, before the frame is made, and may send (answers gathered over the turn).
+    A message is pickled at the flush: what it holds must not change until then."""
 
     def __init__(self, write: Callable[[bytes], None], schedule: Callable[[Callable[[], None]], Any]) -> None:
         self._write = write
         self._schedule = schedule
-        self._frames: list[bytes] = []
+        self._messages: list[tuple[Any, ...]] = []
+        self._before: list[Callable[[], None]] = []
+        self._armed = False
 
     def send(self, message: tuple[Any, ...]) -> None:
-        frames = self._frames
-        if not frames:
+        self._messages.append(message)
+        if not self._armed:
+            self._armed = True
             self._schedule(self.flush)
-        frames.append(frame(message))
+
+    def before_flush(self, callback: Callable[[], None]) -> None:
+        self._before.append(callback)
+        if not self._armed:
+            self._armed = True
+            self._schedule(self.flush)
 
     def flush(self) -> None:
-        frames, self._frames = self._frames, []
-        if frames:
-            self._write(b"".join(frames))
+        self._armed = False
+        if self._before:
+            before, self._before = self._before, []
+            for callback in before:
+                callback()
+        messages, self._messages = self._messages, []
+        if messages:
+            self._write(frame(*messages))

@@ -4,12 +4,28 @@ with the answers (a fake transport in place of the socket pair, a recording resp
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import numpy as np
+
+from nereid.config.load import parse_model_config
 from nereid.frontends.arena import Arena
 from nereid.frontends.forwarding import MainLink
 from nereid.frontends.messages import FrameReader, Kind, frame
 from nereid.http.infer import InferHeaders
+
+
+CONFIG = parse_model_config(
+    {
+        "name": "acc",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [1]}],
+    },
+    source="config.toml",
+    folder_name="acc",
+)
 
 
 class FakeTransport:
@@ -91,5 +107,28 @@ def test_when_the_main_process_goes_away_requests_in_flight_get_503() -> None:
         later = Recorder()
         assert link.start_infer("m", None, InferHeaders([]), b"{}", 1, later) is None
         assert b"main process is gone" in later.replies[0][3]
+
+    run(test)
+
+
+def test_one_results_message_answers_each_decoded_request_with_its_own_rows() -> None:
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        link.data_received(frame((Kind.MODEL.value, "acc", 1, 1, CONFIG, {})))
+        responders = [Recorder(), Recorder()]
+        for value, responder in zip((3, 4), responders):
+            body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}]})
+            link.start_infer("acc", None, InferHeaders([]), body.encode(), 1, responder)
+        await asyncio.sleep(0)
+        ids = [message[1] for message in transport.sent if message[0] == Kind.DECODED]
+        assert len(ids) == 2 and link.ring.blocks == 2
+        joined = np.ndarray((2, 1), np.int32, buffer=arena.answers, offset=128)
+        joined[:] = [[30], [40]]
+        layout = (("OUTPUT", 0, "<i4", (2, 1)),)
+        link.data_received(frame((Kind.RESULTS.value, 1, 128, layout, ((ids[0], 1), (ids[1], 1)))))
+        bodies = [json.loads(responder.replies[0][-1]) for responder in responders]
+        assert [body["outputs"][0]["data"] for body in bodies] == [[30], [40]]
+        assert link.ring.blocks == 0
+        await asyncio.sleep(0)
+        assert transport.sent[-1] == (Kind.FREED, [128])  # one block for both answers
 
     run(test)

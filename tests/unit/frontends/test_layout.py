@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nereid.datatypes import bfloat16_dtype
-from nereid.frontends.layout import layout_size, read_arrays, write_arrays
+from nereid.frontends.layout import layout_size, read_arrays, row_signature, rows_size, write_arrays, write_rows
 
 
 @pytest.mark.parametrize("arrays", [
@@ -34,3 +34,35 @@ def test_arrays_come_back_unchanged_as_views_on_the_block(arrays: dict[str, np.n
 
 def test_object_arrays_cannot_be_laid_out() -> None:
     assert layout_size({"text": np.array([b"a", b"bc"], dtype=object)}) is None
+
+
+def test_rows_of_several_parts_are_joined_and_read_back_in_order() -> None:
+    parts = [
+        {"y": np.arange(2 * 3, dtype=np.float32).reshape(2, 3), "n": np.array([[1], [2]], np.int64)},
+        {"y": np.full((1, 3), 7, np.float32)[:, ::1], "n": np.array([[3]], np.int64)},
+        {"y": np.arange(9, dtype=np.float32).reshape(3, 3)[:, ::-1], "n": np.array([[4], [5], [6]], np.int64)},
+    ]
+    joinable = [row_signature(part) for part in parts]
+    assert all(item is not None and item[0] == joinable[0][0] for item in joinable)  # type: ignore[index]
+    rows = sum(item[1] for item in joinable)  # type: ignore[index]
+    assert rows == 6
+    signature = joinable[0][0]  # type: ignore[index]
+    size = rows_size(signature, rows)
+    region = memoryview(bytearray(size + 64))
+    layout = write_rows(region[64:64 + size], signature, rows, parts)
+    joined = read_arrays(region, 64, layout)
+    start = 0
+    for part in parts:
+        count = len(part["y"])
+        for name, array in part.items():
+            np.testing.assert_array_equal(joined[name][start:start + count], array)
+        start += count
+
+
+@pytest.mark.parametrize("arrays", [
+    pytest.param({"scalar": np.float32(1.0) * np.ones(())}, id="scalar"),
+    pytest.param({"text": np.array([b"a"], dtype=object)}, id="bytes"),
+    pytest.param({"a": np.ones((2, 1)), "b": np.ones((3, 1))}, id="different-rows"),
+])
+def test_arrays_that_cannot_be_joined_by_rows_have_no_signature(arrays: dict[str, np.ndarray]) -> None:
+    assert row_signature(arrays) is None

@@ -15,7 +15,7 @@ MESSAGES = [
 
 @given(st.lists(st.integers(1, 40), max_size=30))
 def test_messages_come_out_whole_whatever_the_pieces(cuts: list[int]) -> None:
-    stream = b"".join(frame(message) for message in MESSAGES)
+    stream = frame(*MESSAGES[:2]) + frame(MESSAGES[2])
     reader = FrameReader()
     received = []
     at = 0
@@ -34,5 +34,18 @@ def test_an_outbox_writes_the_messages_of_one_turn_at_once() -> None:
         outbox.send(message)
     assert len(scheduled) == 1 and writes == []
     outbox.flush()
-    assert writes == [b"".join(frame(message) for message in MESSAGES)]
+    assert writes == [frame(*MESSAGES)]
     assert FrameReader().feed(writes[0]) == MESSAGES
+
+
+def test_what_runs_before_a_flush_joins_its_frame() -> None:
+    writes: list[bytes] = []
+    scheduled: list[object] = []
+    outbox = Outbox(writes.append, scheduled.append)
+    outbox.before_flush(lambda: outbox.send(MESSAGES[1]))
+    outbox.send(MESSAGES[0])
+    assert len(scheduled) == 1
+    outbox.flush()
+    assert FrameReader().feed(writes[0]) == MESSAGES[:2]
+    outbox.flush()
+    assert len(writes) == 1
