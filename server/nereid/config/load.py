@@ -70,6 +70,7 @@ _WARMUP_DATA_KEYS = ("zero_data", "random_data", "input_data_file")
 _FORMATS = ("FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW")
 _KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 _TIMEOUT_ACTIONS = ("REJECT", "DELAY")
+_INPUT_TENSORS = ("numpy", "torch")
 _ISOLATIONS = ("thread", "process")
 _PROCESSES = ("per_device", "per_instance")
 _DATA_TYPE_NAMES = ", ".join(dt.config_name for dt in DATATYPES)
@@ -143,7 +144,7 @@ def _parse(
         ),
         model_warmup=tuple(_warmup(t) for t in root.tables("model_warmup", _WARMUP_KEYS)),
         execution_timeout_ms=root.integer("execution_timeout_ms", 0, minimum=0),
-        input_tensors=_input_tensors(root),
+        input_tensors=_choice(root, "input_tensors", _INPUT_TENSORS, "numpy"),
         ensemble_scheduling=None if scheduling is None else parse_ensemble_scheduling(scheduling),
     )
     check_rules(config, source=source, folder_name=folder_name)
@@ -287,41 +288,23 @@ def _instance_groups(root: Table, model_name: str) -> tuple[InstanceGroup, ...]:
             count=table.integer("count", 1, minimum=1),
             kind=table.enum("kind", "KIND_AUTO", _KINDS, "KIND_"),
             gpus=gpus,
-            isolation=_isolation(table),
-            processes=_processes(table),
+            isolation=_choice(table, "isolation", _ISOLATIONS, ""),
+            processes=_choice(table, "processes", _PROCESSES, ""),
         )
         groups.append(group)
     return tuple(groups)
 
 
-def _input_tensors(root: Table) -> str:
-    """``"numpy"`` (the default) or ``"torch"``; case does not matter."""
-    value = root.raw("input_tensors") if root.has("input_tensors") else "numpy"
-    if isinstance(value, str) and value.lower() in ("numpy", "torch"):
+def _choice(table: Table, key: str, choices: tuple[str, ...], default: str) -> str:
+    """One of ``choices`` (case does not matter, as for the enums); ``default`` when not
+    set. ``input_tensors`` (default "numpy"), and a group's ``isolation`` and ``processes``
+    (default "": decided by the kind at load, devices.resolve_instance_groups/processes_of)."""
+    if not table.has(key):
+        return default
+    value = table.raw(key)
+    if isinstance(value, str) and value.lower() in choices:
         return value.lower()
-    root.fail("input_tensors", '"numpy" or "torch"', value)
-
-
-def _isolation(table: Table) -> str:
-    """``"thread"`` or ``"process"``; case does not matter, as for the enums. Not set:
-    ``""`` (decided by the kind at load: devices.resolve_instance_groups)."""
-    if not table.has("isolation"):
-        return ""
-    value = table.raw("isolation")
-    if isinstance(value, str) and value.lower() in _ISOLATIONS:
-        return value.lower()
-    table.fail("isolation", '"thread" or "process"', value)
-
-
-def _processes(table: Table) -> str:
-    """``"per_device"`` or ``"per_instance"``; case does not matter. Not set: ``""``
-    (decided by the kind at load: devices.processes_of)."""
-    if not table.has("processes"):
-        return ""
-    value = table.raw("processes")
-    if isinstance(value, str) and value.lower() in _PROCESSES:
-        return value.lower()
-    table.fail("processes", '"per_device" or "per_instance"', value)
+    table.fail(key, " or ".join(f'"{choice}"' for choice in choices), value)
 
 
 def _parameters(table: Table | None) -> dict[str, str]:
