@@ -60,16 +60,11 @@ def test_a_stream_closed_early_is_cancelled_on_the_server() -> None:
             if len(steps) == 2:
                 break
         responses.close()  # type: ignore[attr-defined]
-        asyncio.run_coroutine_threadsafe(_cancelled(server.bls), server._loop).result(timeout=30)  # type: ignore[arg-type]
+        asyncio.run_coroutine_threadsafe(bls_seen[0].cancelled.wait(), server._loop).result(timeout=30)
         return steps
 
     assert run_pair(process) == [0, 1]
-    assert bls_seen[0].cancelled
-
-
-async def _cancelled(bls: EchoBls) -> None:
-    while not bls.cancelled:
-        await asyncio.sleep(0.01)
+    assert bls_seen[0].cancelled.is_set()
 
 
 class ClosingBls(EchoBls):

@@ -25,7 +25,7 @@ class EchoBls:
 
     def __init__(self) -> None:
         self.started = asyncio.Event()
-        self.cancelled = False
+        self.cancelled = asyncio.Event()
 
     def infer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         raise AssertionError("the server side awaits ainfer")
@@ -48,7 +48,7 @@ class EchoBls:
             self.started.set()
             await asyncio.sleep(1000)  # "forever": only a cancel ends it
         except asyncio.CancelledError:
-            self.cancelled = True
+            self.cancelled.set()
             raise
 
 
