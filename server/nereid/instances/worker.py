@@ -22,7 +22,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -31,18 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from nereid.tensors.assembly import tensor_to_numpy
 from nereid.config.triton_json import INPUT_TENSORS
-from nereid.tensors.device import DeviceInputs, outputs_to_host
-from nereid.errors import ModelLoadError, NereidError
+from nereid.tensors.device import DeviceInputs
+from nereid.errors import ModelLoadError
 from nereid.log import configure_logging
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
 from nereid.instances.calls import MetricsProxy, ProcessBls, ServerCalls
-from nereid.instances.channel import Arena, Channel, ChannelClosed, Unsendable, read_arrays, write_arrays
+from nereid.instances.channel import Arena, Channel, ChannelClosed, read_arrays, write_arrays
+from nereid.instances.sendable import PICKLE_ERRORS, portable, sendable, worker_outputs
 from nereid.triton_python.adapter import TritonModel
 
-__all__ = ["run_worker", "worker_outputs"]
+__all__ = ["run_worker"]
 
 _log = logging.getLogger("nereid")
 _PR_SET_PDEATHSIG = 1
@@ -57,39 +56,6 @@ def _die_with_parent() -> None:
         pass
     if os.getppid() == 1:  # the server died before the request took effect
         os._exit(1)
-
-
-def worker_outputs(raw: Any) -> Any:
-    """What the model returned, made transferable: torch tensors (any device) become
-    numpy (as the server would convert them); anything else is left as is, lists of str
-    too: the server checks outputs against the config and converts or words the error
-    exactly as for a thread instance."""
-    if not isinstance(raw, dict):
-        return raw
-    if all(type(value) is np.ndarray for value in raw.values()):
-        return raw  # the common case: nothing to convert
-    raw = outputs_to_host(raw)  # CUDA tensors: one copy for the batch
-    return {
-        name: tensor_to_numpy(value) if type(value).__module__.startswith("torch") else value
-        for name, value in raw.items()
-    }
-
-
-def _sendable(outputs: Any) -> Any:
-    """``outputs`` with each value that cannot be pickled (a lambda, a generator)
-    replaced by an Unsendable naming its type: the server then words the error about it
-    as for a thread instance (``expected a numpy array or torch tensor, got function``)."""
-    if not isinstance(outputs, dict):
-        return Unsendable(type(outputs).__name__)
-    return {name: value if _picklable(value) else Unsendable(type(value).__name__) for name, value in outputs.items()}
-
-
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except _PICKLE_ERRORS:
-        return False
-    return True
 
 
 class _Worker:
@@ -279,11 +245,11 @@ class _Worker:
         try:
             channel.send((kind + "-raw", outputs))
             return
-        except _PICKLE_ERRORS:
+        except PICKLE_ERRORS:
             pass
         try:
-            channel.send((kind + "-raw", _sendable(outputs)))
-        except _PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
+            channel.send((kind + "-raw", sendable(outputs)))
+        except PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
             channel.send(("error", "TypeError", f"infer returned a value that cannot be sent to the server: {exc}"))
 
     def _stream(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
@@ -327,10 +293,10 @@ class _Worker:
             return
         self.flush()
         try:
-            portable = [_portable(answer) for answer in answers]
+            rebuilt = [portable(answer) for answer in answers]
             self.synchronize()
-            channel.send(("ok-triton", portable))
-        except _PICKLE_ERRORS as exc:
+            channel.send(("ok-triton", rebuilt))
+        except PICKLE_ERRORS as exc:
             channel.send(("error", "TypeError", f"execute returned a value that cannot be sent to the server: {exc}"))
 
     def _triton_stream(self, channel: Channel, requests: list[Any]) -> None:
@@ -341,7 +307,7 @@ class _Worker:
         def deliver(index: int, answer: Any, final: bool) -> None:
             self.flush()
             with self.send_lock:
-                channel.send(("step", index, None if answer is None else _portable(answer), final))
+                channel.send(("step", index, None if answer is None else portable(answer), final))
 
         try:
             self.model.execute_decoupled(requests, deliver, lambda index: False)
@@ -367,7 +333,6 @@ class _Worker:
         channel.send(reply)
 
 
-_PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, ValueError)
 
 
 def _cuda_stream(device: str) -> Any:
@@ -378,14 +343,6 @@ def _cuda_stream(device: str) -> Any:
 
     torch.cuda.set_device(device)
     return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
-
-
-def _portable(answer: Any) -> Any:
-    """A Triton model's answer as the server rebuilds it: outputs as numpy (a torch tensor
-    moved to host), an error as ("error", class name, message)."""
-    if isinstance(answer, NereidError):
-        return ("error", type(answer).__name__, answer.message)
-    return worker_outputs(answer)
 
 
 async def _contained(awaitable: Any) -> tuple[bool, Any]:
