@@ -9,7 +9,6 @@ import json
 import re
 import socket
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_read
 
 IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
@@ -205,14 +204,13 @@ def test_an_upgrade_request_is_answered_and_the_connection_closed(server: Runnin
     assert status == 200
 
 
-def send_in_reads(sock: socket.socket, *pieces: bytes, gap: float = 0.02) -> None:
-    """Send ``pieces`` so that the server most likely reads each on its own. TCP can neither
-    promise that nor tell when the server has read a piece, so a short pause follows each
-    one; where pieces still coalesce, the test passes and only exercises less (every cut
-    point is covered exactly on a fake transport in tests/unit/http/h1/)."""
+def send_in_reads(sock: socket.socket, *pieces: bytes) -> None:
+    """Send ``pieces`` so that the server reads each on its own: the next goes once the
+    server has read the one before (``wait_until_read``; every cut point is also covered
+    on a fake transport in tests/unit/http/h1/)."""
     for piece in pieces:
         sock.sendall(piece)
-        time.sleep(gap)
+        wait_until_read(sock)
 
 
 def slow_body(seconds: float) -> bytes:
@@ -400,7 +398,7 @@ def test_a_body_that_looks_like_a_repeat_is_still_a_body(server: RunningServer) 
     with connect(server) as sock:
         sock.sendall(repeat)
         assert echoed(read_responses(sock, 1)[0]) == [3] * 4
-        send_in_reads(sock, carrier_head, gap=0.05)  # the body comes in a read of its own, starting with the known head
+        send_in_reads(sock, carrier_head)  # the body comes in a read of its own, starting with the known head
         sock.sendall(repeat)
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         statuses = [status for status, _, _ in read_responses(sock, 2)]
@@ -462,7 +460,7 @@ def test_a_head_learnt_while_another_request_is_answered_serves_its_repeats(serv
         sock.sendall(slow)
         wait_until(lambda: server.gauge("nereid_batches_executing", "slow") == 1, "the slow request running")
         send_in_reads(sock, binary_infer([7] * 4, b"Accept-Encoding: deflate\r\n"),
-                      binary_infer([8] * 4, b"Accept-Encoding: deflate\r\n"), gap=0.05)
+                      binary_infer([8] * 4, b"Accept-Encoding: deflate\r\n"))
         answers = read_responses(sock, 3)
     assert answers[0][0] == 200
     for (status, headers, body), value in zip(answers[1:], (7, 8)):
