@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
-from tests.waiting import wait_until, wait_until_read
+from tests.waiting import MODEL_GATE, wait_until, wait_until_read
 
 IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
@@ -44,16 +44,33 @@ class Model:
         return {"OUTPUT0": inputs["INPUT0"]}
 """
 
+#: Holds its only instance until the test creates the file "open" beside model.py.
+HELD_MODEL = """
+class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
+    def infer(self, inputs):
+        wait_for_file(self.folder / "open")
+        return {"OUTPUT0": inputs["INPUT0"]}
+""" + MODEL_GATE
+
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def native_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("native-repo")
     repo = RepoBuilder(root)
     repo.add("identity", IDENTITY)
     repo.add("slow", SLOW, model=SLOW_MODEL)
-    server = start_server(root, "--http-server", "native", log_dir=tmp_path_factory.mktemp("native-log"))
+    repo.add("held", SLOW, model=HELD_MODEL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(native_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_server(native_repo, "--http-server", "native", log_dir=tmp_path_factory.mktemp("native-log"))
     yield server
     server.stop()
 
@@ -222,19 +239,22 @@ def stats(server: RunningServer, model: str) -> dict:  # type: ignore[type-arg]
     return httpx.get(f"{server.http}/v2/models/{model}/stats").json()["model_stats"][0]  # type: ignore[no-any-return]
 
 
-def test_a_queued_request_whose_client_hangs_up_is_never_executed(server: RunningServer) -> None:
-    before = stats(server, "slow")["inference_stats"]
+def test_a_queued_request_whose_client_hangs_up_is_never_executed(server: RunningServer, native_repo: Path) -> None:
+    before = stats(server, "held")["inference_stats"]
     client = httpclient.InferenceServerClient(server.url)
-    blocker = threading.Thread(target=lambda: client.infer("slow", [_input(1.0)]))
-    blocker.start()  # occupies the only instance for a second
-    wait_until(lambda: server.gauge("nereid_batches_executing", "slow") == 1, "the blocker running")
+    blocker = threading.Thread(target=lambda: client.infer("held", [_input(1.0)]))
+    blocker.start()  # occupies the only instance until the file "open" exists
+    wait_until(lambda: server.gauge("nereid_batches_executing", "held") == 1, "the blocker running")
     with connect(server) as sock:
-        sock.sendall(post("/v2/models/slow/infer", slow_body(0.0)))
-        wait_until(lambda: server.gauge("nv_inference_pending_request_count", "slow") == 1, "the request queued")
+        sock.sendall(post("/v2/models/held/infer", slow_body(0.0)))
+        wait_until(lambda: server.gauge("nv_inference_pending_request_count", "held") == 1, "the request queued")
+    wait_until(lambda: (now := stats(server, "held")["inference_stats"])["fail"]["count"] > before["fail"]["count"]
+               and now, "the withdrawn request counted as failed")
+    (native_repo / "held" / "open").touch()
     blocker.join()
     client.close()
-    after = wait_until(lambda: (now := stats(server, "slow")["inference_stats"])["fail"]["count"] > before["fail"]["count"]
-                       and now, "the withdrawn request counted as failed")
+    after = wait_until(lambda: (now := stats(server, "held")["inference_stats"])["success"]["count"]
+                       > before["success"]["count"] and now, "the blocker counted as a success")
     assert after["success"]["count"] == before["success"]["count"] + 1  # only the blocker ran
     assert after["fail"]["count"] == before["fail"]["count"] + 1  # the other was withdrawn
 
