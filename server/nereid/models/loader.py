@@ -134,7 +134,8 @@ class ModelLoader:
 
     def _add_instances(
         self, instances: list[ModelInstance | ProcessInstance], name: str, config: ModelConfig,
-        config_json: dict[str, object], version: VersionSource, groups: list[tuple[InstanceGroup, str]], model_class: ModelClass | None,
+        config_json: dict[str, object], version: VersionSource, groups: list[tuple[InstanceGroup, str]],
+        model_class: ModelClass | None,
     ) -> None:
         """The version's instances, one per placement in ``groups``, added to ``instances``
         unstarted: thread instances of ``model_class``, process instances in the worker

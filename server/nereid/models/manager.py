@@ -115,7 +115,9 @@ class ModelManager:
         self.latest: Mapping[str, ServingModel] = self._latest
         self._startup_done = False
         self._closing = False
-        self._poller = RepositoryPoller(self.repositories, poll_secs, load=self._load_logged, unload=self._unload_logged)
+        self._poller = RepositoryPoller(
+            self.repositories, poll_secs, load=self._load_logged, unload=self._unload_logged
+        )
         self._dependencies = Dependencies()  # ensembles' step models
 
     # -- lifecycle ---------------------------------------------------------------------
