@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
+import sys
 import time
+from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -64,6 +67,36 @@ async def wait_until_async(condition: Callable[[], T | Awaitable[T]], what: str 
         if time.monotonic() > deadline:
             pytest.fail(_message(what, timeout))
         await asyncio.sleep(every)
+
+
+def wait_until_read(sock: socket.socket, *, timeout: float = WAIT_TIMEOUT_S) -> None:
+    """Wait until the server at the other end of ``sock`` (a TCP connection to a process on
+    this machine) has read all that was sent on it: the bytes are acknowledged, and the
+    server's socket holds none unread (Linux's /proc/net/tcp counts both), so what is sent
+    next reaches the server in a read of its own. Without /proc/net/tcp (or for an IPv6
+    connection) it returns at once: the bytes may then arrive in one read."""
+    table = Path("/proc/net/tcp")
+    if sock.family != socket.AF_INET or not table.exists():
+        return
+    ours, theirs = _proc_address(sock.getsockname()), _proc_address(sock.getpeername())
+
+    def read_by_server() -> bool:
+        queues = {}
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()
+            queues[fields[1], fields[2]] = fields[4]  # tx_queue:rx_queue, hex, by (local, remote)
+        unacknowledged = queues.get((ours, theirs), "0:0").split(":")[0]
+        unread = queues.get((theirs, ours), "0:0").split(":")[1]
+        return int(unacknowledged, 16) == 0 and int(unread, 16) == 0
+
+    wait_until(read_by_server, "the server read what was sent", timeout=timeout)
+
+
+def _proc_address(address: tuple[str, int]) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (the address as a host-order word, then
+    the port, in hex)."""
+    host, port = address
+    return f"{int.from_bytes(socket.inet_aton(host), sys.byteorder):08X}:{port:04X}"
 
 
 #: Source of ``wait_for_file(path)``, for the models a test holds at a gate: the model

@@ -1,7 +1,7 @@
 """The entry points: the ``nereid`` command (``nereid serve`` with tritonserver's flag
 names) and ``nereid.serve()``, the same server started from a Python script.
 
-Owns option parsing only: one table of (flag, field, parser, help) rows builds the
+Owns option parsing only: one table of (flag, parser, help) rows builds the
 argparse parser, and checks ``nereid.serve``'s keyword arguments with the same parsers, so
 both reach ServerOptions with the same values and the same refusals.
 """
@@ -81,80 +81,92 @@ _grpc_restriction = _restriction(lambda text: parse_restriction(text, GRPC_KEY_P
 _metrics_restriction = _restriction(parse_key)
 
 
+_DEFAULTS = ServerOptions()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Flag:
+    """One flag: its name (the ServerOptions field is the name with underscores), its
+    parser, and its help, where ``{default}`` stands for the field's default."""
+
     flag: str
-    field: str
     parse: Callable[[str], Any]
     help: str
     choices: Sequence[str] | None = None
     repeat: bool = False
     metavar: str | None = None
 
+    @property
+    def field(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
 
-_DEFAULTS = ServerOptions()
+    @property
+    def help_text(self) -> str:
+        return self.help.format(default=getattr(_DEFAULTS, self.field)) if "{default" in self.help else self.help
+
+
 _FLAGS = (
-    _Flag("--model-repository", "model_repository", Path, "a model repository folder (required; repeat it to serve the models of several: a model name must be in one only)", repeat=True, metavar="FOLDER"),
-    _Flag("--http-address", "http_address", str, f"address to serve HTTP on (default {_DEFAULTS.http_address}: loopback only)"),
-    _Flag("--http-port", "http_port", _port, f"HTTP port (default {_DEFAULTS.http_port})"),
-    _Flag("--grpc-port", "grpc_port", _port, f"gRPC port (default {_DEFAULTS.grpc_port})"),
-    _Flag("--allow-grpc", "allow_grpc", _bool, "serve gRPC (default true)"),
-    _Flag("--grpc-server", "grpc_server", str, f"gRPC engine (default {_DEFAULTS.grpc_server})", GRPC_SERVERS),
-    _Flag("--grpc-max-message-size", "grpc_max_message_size", _size, "largest gRPC message in bytes, either way (default 2147483647, Triton's)"),
-    _Flag("--grpc-keepalive-time", "grpc_keepalive_time", _size, f"ms between keepalive pings (default {_DEFAULTS.grpc_keepalive_time})"),
-    _Flag("--grpc-keepalive-timeout", "grpc_keepalive_timeout", _size, f"ms to wait for a keepalive ack (default {_DEFAULTS.grpc_keepalive_timeout})"),
-    _Flag("--grpc-keepalive-permit-without-calls", "grpc_keepalive_permit_without_calls", _bool, "allow keepalive pings with no call in flight (default false)"),
-    _Flag("--grpc-http2-max-pings-without-data", "grpc_http2_max_pings_without_data", int, f"pings sent without data before waiting for data (default {_DEFAULTS.grpc_http2_max_pings_without_data}; 0: no limit)"),
-    _Flag("--grpc-http2-min-recv-ping-interval-without-data", "grpc_http2_min_recv_ping_interval_without_data", _size, f"ms a client must wait between pings without data (default {_DEFAULTS.grpc_http2_min_recv_ping_interval_without_data})"),
-    _Flag("--grpc-http2-max-ping-strikes", "grpc_http2_max_ping_strikes", int, f"bad pings tolerated before the connection is closed (default {_DEFAULTS.grpc_http2_max_ping_strikes}; 0: any)"),
-    _Flag("--grpc-max-connections", "grpc_max_connections", _size, f"open gRPC connections at most; past it a new one is told GOAWAY (default {_DEFAULTS.grpc_max_connections}; native engine)"),
-    _Flag("--grpc-handshake-timeout-secs", "grpc_handshake_timeout_secs", _seconds, f"seconds a new gRPC connection has to send HTTP/2's preface and SETTINGS (default {_DEFAULTS.grpc_handshake_timeout_secs:g}; native engine)"),
-    _Flag("--grpc-idle-timeout-secs", "grpc_idle_timeout_secs", _seconds, f"seconds a gRPC connection with no call may stay silent before GOAWAY (default {_DEFAULTS.grpc_idle_timeout_secs:g}; native engine)"),
-    _Flag("--metrics-port", "metrics_port", _port, f"Prometheus metrics port (default {_DEFAULTS.metrics_port})"),
-    _Flag("--allow-metrics", "allow_metrics", _bool, "serve Prometheus metrics (default true)"),
-    _Flag("--model-control-mode", "model_control_mode", str, "none | poll | explicit (default none)", MODEL_CONTROL_MODES),
-    _Flag("--repository-poll-secs", "repository_poll_secs", float, "poll interval in poll mode (default 5)"),
-    _Flag("--load-model", "load_model", str, "explicit mode: models to load at start (--load-model a b, or repeated; * for all)", repeat=True),
-    _Flag("--strict-readiness", "strict_readiness", _bool, "ready only when every model is READY (default true)"),
-    _Flag("--exit-timeout-secs", "exit_timeout_secs", float, "seconds to let in-flight requests finish on shutdown (default 30)"),
-    _Flag("--ray-replicas", "ray_replicas", _count, "serve on Ray Serve with this many replicas, each a whole nereid (default 0: not on Ray)"),
-    _Flag("--ray-address", "ray_address", str, "the Ray cluster to join (default: start a local one)"),
-    _Flag("--ray-replica-cpus", "ray_replica_cpus", _amount, f"CPUs Ray reserves per replica (default {_DEFAULTS.ray_replica_cpus:g})"),
-    _Flag("--ray-replica-gpus", "ray_replica_gpus", _amount, f"GPUs Ray reserves per replica (default {_DEFAULTS.ray_replica_gpus:g})"),
-    _Flag("--ray-min-replicas", "ray_min_replicas", _count, f"autoscaling: fewest replicas (default {_DEFAULTS.ray_min_replicas})"),
-    _Flag("--ray-max-replicas", "ray_max_replicas", _count, "autoscaling: most replicas (default 0: no autoscaling)"),
-    _Flag("--ray-target-ongoing-requests", "ray_target_ongoing_requests", _seconds, f"autoscaling: requests in flight per replica to aim for (default {_DEFAULTS.ray_target_ongoing_requests:g})"),
-    _Flag("--log-verbose", "log_verbose", int, "verbose logging level (0: off)"),
-    _Flag("--log-info", "log_info", _bool, "log info messages (default true)"),
-    _Flag("--log-warning", "log_warning", _bool, "log warnings (default true)"),
-    _Flag("--log-error", "log_error", _bool, "log errors (default true)"),
-    _Flag("--log-format", "log_format", str, "default | ISO8601", ("default", "ISO8601")),
-    _Flag("--http-server", "http_server", str, f"HTTP engine (default {_DEFAULTS.http_server})", HTTP_SERVERS),
-    _Flag("--http-workers", "http_workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
-    _Flag("--max-request-size", "max_request_size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
-    _Flag("--http-max-input-size", "http_max_input_size", _size, "largest JSON header in bytes (default 64 MiB)"),
-    _Flag("--allow-client-shm", "allow_client_shm", _bool, "allow client shared-memory registration (default true)"),
-    _Flag("--max-request-bytes-in-flight", "max_request_bytes_in_flight", _size, "request body bytes held at once over all connections; past it a new request over 64 KiB gets 503 (default 1 GiB)"),
-    _Flag("--http-max-connections", "http_max_connections", _size, f"open HTTP connections at most; past it 503 and close (default {_DEFAULTS.http_max_connections})"),
-    _Flag("--http-max-url-size", "http_max_url_size", _url_size, f"longest request URL in bytes; past it 414 (default {_DEFAULTS.http_max_url_size})"),
-    _Flag("--http-max-header-count", "http_max_header_count", _size, f"most header lines in a request; past it 431 (default {_DEFAULTS.http_max_header_count})"),
-    _Flag("--http-max-header-size", "http_max_header_size", _size, f"largest request head (request line and headers) in bytes; past it 431 (default {_DEFAULTS.http_max_header_size})"),
-    _Flag("--http-header-timeout-secs", "http_header_timeout_secs", _seconds, f"seconds for a request head to arrive once begun; past it 408 and close (default {_DEFAULTS.http_header_timeout_secs:g})"),
-    _Flag("--http-body-timeout-secs", "http_body_timeout_secs", _seconds, f"seconds a request body, or a client reading its answer, may stall; past it 408 and close (default {_DEFAULTS.http_body_timeout_secs:g})"),
-    _Flag("--http-keepalive-timeout-secs", "http_keepalive_timeout_secs", _seconds, f"seconds an idle keep-alive connection stays open (default {_DEFAULTS.http_keepalive_timeout_secs:g})"),
-    _Flag("--http-use-ssl", "http_use_ssl", _bool, "serve HTTPS instead of HTTP (default false); needs --http-server-cert and --http-server-key"),
-    _Flag("--http-server-cert", "http_server_cert", Path, "HTTPS: the server's certificate (PEM; read at start)"),
-    _Flag("--http-server-key", "http_server_key", Path, "HTTPS: the server certificate's private key (PEM; read at start)"),
-    _Flag("--http-root-cert", "http_root_cert", Path, "HTTPS: the CA certificate(s) that sign client certificates (PEM; for --http-use-ssl-mutual)"),
-    _Flag("--http-use-ssl-mutual", "http_use_ssl_mutual", _bool, "HTTPS with client certificates: a client without one signed by --http-root-cert is refused (default false; implies --http-use-ssl)"),
-    _Flag("--grpc-use-ssl", "grpc_use_ssl", _bool, "serve gRPC over TLS (default false); needs --grpc-server-cert and --grpc-server-key"),
-    _Flag("--grpc-server-cert", "grpc_server_cert", Path, "gRPC TLS: the server's certificate (PEM; read at start)"),
-    _Flag("--grpc-server-key", "grpc_server_key", Path, "gRPC TLS: the server certificate's private key (PEM; read at start)"),
-    _Flag("--grpc-root-cert", "grpc_root_cert", Path, "gRPC TLS: the CA certificate(s) that sign client certificates (PEM; for --grpc-use-ssl-mutual)"),
-    _Flag("--grpc-use-ssl-mutual", "grpc_use_ssl_mutual", _bool, "gRPC TLS with client certificates: a client without one signed by --grpc-root-cert is refused (default false; implies --grpc-use-ssl)"),
-    _Flag("--http-restricted-api", "http_restricted_api", _http_restriction, f"HTTP endpoint groups that need header <key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable, a group in one only (groups: {', '.join(GROUPS)}); others get 403", repeat=True, metavar="GROUPS:KEY=VALUE"),
-    _Flag("--grpc-restricted-protocol", "grpc_restricted_protocol", _grpc_restriction, "gRPC groups that need metadata triton-grpc-protocol-<key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable (groups as --http-restricted-api); others get UNAVAILABLE", repeat=True, metavar="GROUPS:KEY=VALUE"),
-    _Flag("--metrics-restricted-api", "metrics_restricted_api", _metrics_restriction, "the metrics port needs header <key> with <value>: <key>=<value> (others get 403)", metavar="KEY=VALUE"),
+    _Flag("--model-repository", Path, "a model repository folder (required; repeat it to serve the models of several: a model name must be in one only)", repeat=True, metavar="FOLDER"),
+    _Flag("--http-address", str, "address to serve HTTP on (default {default}: loopback only)"),
+    _Flag("--http-port", _port, "HTTP port (default {default})"),
+    _Flag("--grpc-port", _port, "gRPC port (default {default})"),
+    _Flag("--allow-grpc", _bool, "serve gRPC (default true)"),
+    _Flag("--grpc-server", str, "gRPC engine (default {default})", GRPC_SERVERS),
+    _Flag("--grpc-max-message-size", _size, "largest gRPC message in bytes, either way (default 2147483647, Triton's)"),
+    _Flag("--grpc-keepalive-time", _size, "ms between keepalive pings (default {default})"),
+    _Flag("--grpc-keepalive-timeout", _size, "ms to wait for a keepalive ack (default {default})"),
+    _Flag("--grpc-keepalive-permit-without-calls", _bool, "allow keepalive pings with no call in flight (default false)"),
+    _Flag("--grpc-http2-max-pings-without-data", int, "pings sent without data before waiting for data (default {default}; 0: no limit)"),
+    _Flag("--grpc-http2-min-recv-ping-interval-without-data", _size, "ms a client must wait between pings without data (default {default})"),
+    _Flag("--grpc-http2-max-ping-strikes", int, "bad pings tolerated before the connection is closed (default {default}; 0: any)"),
+    _Flag("--grpc-max-connections", _size, "open gRPC connections at most; past it a new one is told GOAWAY (default {default}; native engine)"),
+    _Flag("--grpc-handshake-timeout-secs", _seconds, "seconds a new gRPC connection has to send HTTP/2's preface and SETTINGS (default {default:g}; native engine)"),
+    _Flag("--grpc-idle-timeout-secs", _seconds, "seconds a gRPC connection with no call may stay silent before GOAWAY (default {default:g}; native engine)"),
+    _Flag("--metrics-port", _port, "Prometheus metrics port (default {default})"),
+    _Flag("--allow-metrics", _bool, "serve Prometheus metrics (default true)"),
+    _Flag("--model-control-mode", str, "none | poll | explicit (default none)", MODEL_CONTROL_MODES),
+    _Flag("--repository-poll-secs", float, "poll interval in poll mode (default 5)"),
+    _Flag("--load-model", str, "explicit mode: models to load at start (--load-model a b, or repeated; * for all)", repeat=True),
+    _Flag("--strict-readiness", _bool, "ready only when every model is READY (default true)"),
+    _Flag("--exit-timeout-secs", float, "seconds to let in-flight requests finish on shutdown (default 30)"),
+    _Flag("--ray-replicas", _count, "serve on Ray Serve with this many replicas, each a whole nereid (default 0: not on Ray)"),
+    _Flag("--ray-address", str, "the Ray cluster to join (default: start a local one)"),
+    _Flag("--ray-replica-cpus", _amount, "CPUs Ray reserves per replica (default {default:g})"),
+    _Flag("--ray-replica-gpus", _amount, "GPUs Ray reserves per replica (default {default:g})"),
+    _Flag("--ray-min-replicas", _count, "autoscaling: fewest replicas (default {default})"),
+    _Flag("--ray-max-replicas", _count, "autoscaling: most replicas (default 0: no autoscaling)"),
+    _Flag("--ray-target-ongoing-requests", _seconds, "autoscaling: requests in flight per replica to aim for (default {default:g})"),
+    _Flag("--log-verbose", int, "verbose logging level (0: off)"),
+    _Flag("--log-info", _bool, "log info messages (default true)"),
+    _Flag("--log-warning", _bool, "log warnings (default true)"),
+    _Flag("--log-error", _bool, "log errors (default true)"),
+    _Flag("--log-format", str, "default | ISO8601", ("default", "ISO8601")),
+    _Flag("--http-server", str, "HTTP engine (default {default})", HTTP_SERVERS),
+    _Flag("--http-workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
+    _Flag("--max-request-size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
+    _Flag("--http-max-input-size", _size, "largest JSON header in bytes (default 64 MiB)"),
+    _Flag("--allow-client-shm", _bool, "allow client shared-memory registration (default true)"),
+    _Flag("--max-request-bytes-in-flight", _size, "request body bytes held at once over all connections; past it a new request over 64 KiB gets 503 (default 1 GiB)"),
+    _Flag("--http-max-connections", _size, "open HTTP connections at most; past it 503 and close (default {default})"),
+    _Flag("--http-max-url-size", _url_size, "longest request URL in bytes; past it 414 (default {default})"),
+    _Flag("--http-max-header-count", _size, "most header lines in a request; past it 431 (default {default})"),
+    _Flag("--http-max-header-size", _size, "largest request head (request line and headers) in bytes; past it 431 (default {default})"),
+    _Flag("--http-header-timeout-secs", _seconds, "seconds for a request head to arrive once begun; past it 408 and close (default {default:g})"),
+    _Flag("--http-body-timeout-secs", _seconds, "seconds a request body, or a client reading its answer, may stall; past it 408 and close (default {default:g})"),
+    _Flag("--http-keepalive-timeout-secs", _seconds, "seconds an idle keep-alive connection stays open (default {default:g})"),
+    _Flag("--http-use-ssl", _bool, "serve HTTPS instead of HTTP (default false); needs --http-server-cert and --http-server-key"),
+    _Flag("--http-server-cert", Path, "HTTPS: the server's certificate (PEM; read at start)"),
+    _Flag("--http-server-key", Path, "HTTPS: the server certificate's private key (PEM; read at start)"),
+    _Flag("--http-root-cert", Path, "HTTPS: the CA certificate(s) that sign client certificates (PEM; for --http-use-ssl-mutual)"),
+    _Flag("--http-use-ssl-mutual", _bool, "HTTPS with client certificates: a client without one signed by --http-root-cert is refused (default false; implies --http-use-ssl)"),
+    _Flag("--grpc-use-ssl", _bool, "serve gRPC over TLS (default false); needs --grpc-server-cert and --grpc-server-key"),
+    _Flag("--grpc-server-cert", Path, "gRPC TLS: the server's certificate (PEM; read at start)"),
+    _Flag("--grpc-server-key", Path, "gRPC TLS: the server certificate's private key (PEM; read at start)"),
+    _Flag("--grpc-root-cert", Path, "gRPC TLS: the CA certificate(s) that sign client certificates (PEM; for --grpc-use-ssl-mutual)"),
+    _Flag("--grpc-use-ssl-mutual", _bool, "gRPC TLS with client certificates: a client without one signed by --grpc-root-cert is refused (default false; implies --grpc-use-ssl)"),
+    _Flag("--http-restricted-api", _http_restriction, f"HTTP endpoint groups that need header <key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable, a group in one only (groups: {', '.join(GROUPS)}); others get 403", repeat=True, metavar="GROUPS:KEY=VALUE"),
+    _Flag("--grpc-restricted-protocol", _grpc_restriction, "gRPC groups that need metadata triton-grpc-protocol-<key> with <value>: <group>[,<group>...]:<key>=<value>, repeatable (groups as --http-restricted-api); others get UNAVAILABLE", repeat=True, metavar="GROUPS:KEY=VALUE"),
+    _Flag("--metrics-restricted-api", _metrics_restriction, "the metrics port needs header <key> with <value>: <key>=<value> (others get 403)", metavar="KEY=VALUE"),
 )
 
 
@@ -173,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = commands.add_parser("serve", help="serve a model repository")
     for row in _FLAGS:
-        kwargs: dict[str, Any] = {"dest": row.field, "type": row.parse, "help": row.help, "default": None}
+        kwargs: dict[str, Any] = {"dest": row.field, "type": row.parse, "help": row.help_text, "default": None}
         if row.choices:
             kwargs["choices"] = row.choices
         if row.field == "model_repository":  # tritonserver's way: one folder per flag, repeated

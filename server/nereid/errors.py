@@ -88,29 +88,29 @@ class InvalidInputError(NereidError):
         super().__init__(message)
 
 
+class _AboutModel(NereidError):
+    """An error whose subject is a model: ``model`` is its name (None: not known)."""
+
+    def __init__(self, message: str, *, model: str | None = None) -> None:
+        self.model = model
+        super().__init__(message)
+
+
 class MalformedRequestError(NereidError):
     """A body that cannot be parsed (bad JSON, wrong JSON types). Triton reports these as
     INTERNAL, so they map to 500 for compatibility."""
 
 
-class ModelNotFoundError(NereidError):
+class ModelNotFoundError(_AboutModel):
     """Unknown model, or unknown / unavailable version (Triton's NOT_FOUND)."""
-
-    def __init__(self, message: str, *, model: str | None = None) -> None:
-        self.model = model
-        super().__init__(message)
 
 
 class UnavailableError(NereidError):
     """The server or model cannot take the request now (Triton's UNAVAILABLE)."""
 
 
-class ModelNotReadyError(UnavailableError):
+class ModelNotReadyError(_AboutModel, UnavailableError):
     """A specific version exists but is not READY."""
-
-    def __init__(self, message: str, *, model: str | None = None) -> None:
-        self.model = model
-        super().__init__(message)
 
 
 class QueueFullError(UnavailableError):
@@ -125,21 +125,13 @@ class UnsupportedError(NereidError):
     """A feature the server does not offer for this request (Triton's UNSUPPORTED)."""
 
 
-class ModelExecutionError(NereidError):
+class ModelExecutionError(_AboutModel):
     """The model's ``infer`` raised, or returned outputs that do not fit the batch."""
 
-    def __init__(self, message: str, *, model: str | None = None) -> None:
-        self.model = model
-        super().__init__(message)
 
-
-class ExecutionTimeoutError(NereidError):
+class ExecutionTimeoutError(_AboutModel):
     """A batch ran past the model's ``execution_timeout_ms``: its requests fail (500),
     never retried (each would wait out the limit again)."""
-
-    def __init__(self, message: str, *, model: str | None = None) -> None:
-        self.model = model
-        super().__init__(message)
 
 
 class RequestCancelledError(NereidError):

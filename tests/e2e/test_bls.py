@@ -13,7 +13,7 @@ import pytest
 
 import nereid
 from tests.conftest import RepoBuilder
-from tests.waiting import wait_until
+from tests.waiting import MODEL_GATE, wait_until
 
 TENSOR_CONFIG = """
 max_batch_size = 8
@@ -139,19 +139,15 @@ allow_timeout_override = true
 """
 
 GATED_MODEL = """
-import time
-
-
 class Model:
     def __init__(self, context):
         self.folder = context.model_dir
 
     def infer(self, inputs):
         (self.folder / "entered").touch()
-        while not (self.folder / "go").exists():
-            time.sleep(0.01)
+        wait_for_file(self.folder / "go")
         return {"Y": inputs["X"]}
-"""
+""" + MODEL_GATE
 
 #: One request, input KIND picks what execute does with BLS; the answer is text in OUT.
 PROBE_CONFIG = """

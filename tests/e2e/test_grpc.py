@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
+from tests.waiting import MODEL_GATE
 
 CONFIG = """
 max_batch_size = 8
@@ -90,14 +91,16 @@ class Model:
 """
 
 
-SLOW = """
-import time
-
+#: Holds its instance until the test creates the file "open" beside model.py.
+GATED = """
 class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
     def infer(self, inputs):
-        time.sleep(1.0)
+        wait_for_file(self.folder / "open")
         return {"OUTPUT0": inputs["INPUT0"]}
-"""
+""" + MODEL_GATE
 
 FILL = """
 max_batch_size = 0
@@ -130,7 +133,7 @@ def grpc_server(repo: RepoBuilder, tmp_path: Path, request: pytest.FixtureReques
     repo.add("strings", STRINGS, model=STRINGS_MODEL)
     repo.add("failing", CONFIG, model=FAILING)
     repo.add("steps", STEPS, model=STEPS_MODEL)
-    repo.add("slow", CONFIG, model=SLOW)
+    repo.add("gated", CONFIG, model=GATED)
     repo.add("fill", FILL, model=FILL_MODEL)
     grpc_port = free_port()
     server = start_server(repo.root, "--grpc-port", str(grpc_port), "--model-control-mode", "explicit",
@@ -438,11 +441,14 @@ def test_text_generator_streams_over_grpc_to_the_stock_clients(example_server: R
     assert "Throughput:" in run.stdout
 
 
-def test_a_deadline_that_passes_is_deadline_exceeded_and_the_server_goes_on(grpc_server: RunningServer) -> None:
+def test_a_deadline_that_passes_is_deadline_exceeded_and_the_server_goes_on(
+    grpc_server: RunningServer, repo: RepoBuilder,
+) -> None:
     client = _client(grpc_server)
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer("slow", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=0.2)
+    with pytest.raises(InferenceServerException) as caught:  # the model holds until "open"
+        client.infer("gated", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=0.2)
     assert _status(caught.value) == "StatusCode.DEADLINE_EXCEEDED"
+    (repo.root / "gated" / "open").touch()
     answer = client.infer("identity", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=30)
     np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
     client.close()

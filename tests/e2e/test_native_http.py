@@ -9,7 +9,6 @@ import json
 import re
 import socket
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
-from tests.waiting import wait_until
+from tests.waiting import MODEL_GATE, wait_until, wait_until_read
 
 IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
@@ -45,16 +44,33 @@ class Model:
         return {"OUTPUT0": inputs["INPUT0"]}
 """
 
+#: Holds its only instance until the test creates the file "open" beside model.py.
+HELD_MODEL = """
+class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
+    def infer(self, inputs):
+        wait_for_file(self.folder / "open")
+        return {"OUTPUT0": inputs["INPUT0"]}
+""" + MODEL_GATE
+
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def native_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("native-repo")
     repo = RepoBuilder(root)
     repo.add("identity", IDENTITY)
     repo.add("slow", SLOW, model=SLOW_MODEL)
-    server = start_server(root, "--http-server", "native", log_dir=tmp_path_factory.mktemp("native-log"))
+    repo.add("held", SLOW, model=HELD_MODEL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(native_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_server(native_repo, "--http-server", "native", log_dir=tmp_path_factory.mktemp("native-log"))
     yield server
     server.stop()
 
@@ -205,14 +221,13 @@ def test_an_upgrade_request_is_answered_and_the_connection_closed(server: Runnin
     assert status == 200
 
 
-def send_in_reads(sock: socket.socket, *pieces: bytes, gap: float = 0.02) -> None:
-    """Send ``pieces`` so that the server most likely reads each on its own. TCP can neither
-    promise that nor tell when the server has read a piece, so a short pause follows each
-    one; where pieces still coalesce, the test passes and only exercises less (every cut
-    point is covered exactly on a fake transport in tests/unit/http/h1/)."""
+def send_in_reads(sock: socket.socket, *pieces: bytes) -> None:
+    """Send ``pieces`` so that the server reads each on its own: the next goes once the
+    server has read the one before (``wait_until_read``; every cut point is also covered
+    on a fake transport in tests/unit/http/h1/)."""
     for piece in pieces:
         sock.sendall(piece)
-        time.sleep(gap)
+        wait_until_read(sock)
 
 
 def slow_body(seconds: float) -> bytes:
@@ -224,19 +239,22 @@ def stats(server: RunningServer, model: str) -> dict:  # type: ignore[type-arg]
     return httpx.get(f"{server.http}/v2/models/{model}/stats").json()["model_stats"][0]  # type: ignore[no-any-return]
 
 
-def test_a_queued_request_whose_client_hangs_up_is_never_executed(server: RunningServer) -> None:
-    before = stats(server, "slow")["inference_stats"]
+def test_a_queued_request_whose_client_hangs_up_is_never_executed(server: RunningServer, native_repo: Path) -> None:
+    before = stats(server, "held")["inference_stats"]
     client = httpclient.InferenceServerClient(server.url)
-    blocker = threading.Thread(target=lambda: client.infer("slow", [_input(1.0)]))
-    blocker.start()  # occupies the only instance for a second
-    wait_until(lambda: server.gauge("nereid_batches_executing", "slow") == 1, "the blocker running")
+    blocker = threading.Thread(target=lambda: client.infer("held", [_input(1.0)]))
+    blocker.start()  # occupies the only instance until the file "open" exists
+    wait_until(lambda: server.gauge("nereid_batches_executing", "held") == 1, "the blocker running")
     with connect(server) as sock:
-        sock.sendall(post("/v2/models/slow/infer", slow_body(0.0)))
-        wait_until(lambda: server.gauge("nv_inference_pending_request_count", "slow") == 1, "the request queued")
+        sock.sendall(post("/v2/models/held/infer", slow_body(0.0)))
+        wait_until(lambda: server.gauge("nv_inference_pending_request_count", "held") == 1, "the request queued")
+    wait_until(lambda: (now := stats(server, "held")["inference_stats"])["fail"]["count"] > before["fail"]["count"]
+               and now, "the withdrawn request counted as failed")
+    (native_repo / "held" / "open").touch()
     blocker.join()
     client.close()
-    after = wait_until(lambda: (now := stats(server, "slow")["inference_stats"])["fail"]["count"] > before["fail"]["count"]
-                       and now, "the withdrawn request counted as failed")
+    after = wait_until(lambda: (now := stats(server, "held")["inference_stats"])["success"]["count"]
+                       > before["success"]["count"] and now, "the blocker counted as a success")
     assert after["success"]["count"] == before["success"]["count"] + 1  # only the blocker ran
     assert after["fail"]["count"] == before["fail"]["count"] + 1  # the other was withdrawn
 
@@ -400,7 +418,7 @@ def test_a_body_that_looks_like_a_repeat_is_still_a_body(server: RunningServer) 
     with connect(server) as sock:
         sock.sendall(repeat)
         assert echoed(read_responses(sock, 1)[0]) == [3] * 4
-        send_in_reads(sock, carrier_head, gap=0.05)  # the body comes in a read of its own, starting with the known head
+        send_in_reads(sock, carrier_head)  # the body comes in a read of its own, starting with the known head
         sock.sendall(repeat)
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         statuses = [status for status, _, _ in read_responses(sock, 2)]
@@ -462,7 +480,7 @@ def test_a_head_learnt_while_another_request_is_answered_serves_its_repeats(serv
         sock.sendall(slow)
         wait_until(lambda: server.gauge("nereid_batches_executing", "slow") == 1, "the slow request running")
         send_in_reads(sock, binary_infer([7] * 4, b"Accept-Encoding: deflate\r\n"),
-                      binary_infer([8] * 4, b"Accept-Encoding: deflate\r\n"), gap=0.05)
+                      binary_infer([8] * 4, b"Accept-Encoding: deflate\r\n"))
         answers = read_responses(sock, 3)
     assert answers[0][0] == 200
     for (status, headers, body), value in zip(answers[1:], (7, 8)):

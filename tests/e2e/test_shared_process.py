@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer
-from tests.waiting import wait_until
+from tests.waiting import MODEL_GATE, wait_until
 
 SHARED = IDENTITY_CONFIG + """
 [[instance_group]]
@@ -53,9 +53,7 @@ class Model:
             BARRIER.wait()
         if value == 4:
             (HERE / "holding").write_text("")
-            deadline = time.monotonic() + 60
-            while not (HERE / "release").exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for_file(HERE / "release")
         if value == 7:
             os._exit(7)
         if value == 9:
@@ -65,7 +63,7 @@ class Model:
         out[:, 1] = self.pid
         out[:, 2] = self.number
         return {"OUTPUT0": out}
-"""
+""" + MODEL_GATE
 
 # A Triton model that asks "steady" over BLS and counts its calls per instance.
 TRITON_MODEL = """

@@ -1,7 +1,8 @@
 """config.toml (or a Triton JSON override) -> a validated ModelConfig: the typed walk.
 
 Owns which keys exist, their types and single-field ranges; cross-field rules are in
-_rules.py, the JSON spelling in triton_json.py. Knows nothing about models or serving.
+_rules.py, the JSON spelling in triton_json.py and triton_json_reader.py. Knows nothing
+about models or serving.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from nereid.config.schema import (
     VersionPolicy,
     WarmupInput,
 )
-from nereid.config.triton_json import (
+from nereid.config.extension_parameters import (
     EXECUTION_TIMEOUT_MS,
     INPUT_TENSORS,
     MAX_CONCURRENT_BATCHES,
     PAD_VALUE_PREFIX,
     PROCESSES_SUFFIX,
     isolation_group_name,
-    toml_shaped,
 )
+from nereid.config.triton_json_reader import toml_shaped
 from nereid.datatypes import DATATYPES, DataType, by_config_name
 from nereid.errors import ConfigError
 
@@ -313,8 +314,9 @@ def _parameters(table: Table | None) -> dict[str, str]:
     parameters: dict[str, str] = {}
     for key, value in table.items():
         name = str(key)
-        # The JSON form carries nereid's extensions under these names (triton_json.py), so
-        # a user parameter of that name would be read back as the extension.
+        # The JSON form carries nereid's extensions under these names
+        # (extension_parameters.py), so a user parameter of that name would be read back
+        # as the extension.
         home = _extension_home(name)
         if home is not None:
             table.fail_detail(key, f"this name is reserved for nereid's extension; set {home}")

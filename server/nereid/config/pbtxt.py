@@ -17,7 +17,7 @@ from typing import Any
 
 from nereid.config.load import config_from_triton_json
 from nereid.config.schema import ENSEMBLE_PLATFORM, ModelConfig
-from nereid.config.triton_json import toml_shaped
+from nereid.config.triton_json_reader import toml_shaped
 from nereid.errors import ConfigError
 
 __all__ = ["PBTXT_FILE", "load_pbtxt_config", "pbtxt_to_toml", "read_pbtxt"]

@@ -210,7 +210,27 @@ def check_sequence_batching(config: ModelConfig, source: str) -> None:
             fail(where, f"sequence batching specifies multiple {control.kind} tensors for {config.name}")
         seen_kinds.add(control.kind)
         _check_control(control, control_input.name, where + ".control[0]", config.name, fail)
-    for index, state in enumerate(batching.state):
+    _check_states(batching.state, taken, fail)
+    strategy = batching.strategy
+    if strategy is not None and strategy.kind == "oldest":
+        for size in strategy.preferred_batch_size:
+            if size <= 0:
+                fail(".oldest.preferred_batch_size",
+                     f"sequence batching preferred batch size must be positive for {config.name}")
+            if size > config.max_batch_size:
+                fail(".oldest.preferred_batch_size",
+                     f"sequence batching preferred batch size must be <= max batch size for {config.name}")
+    if strategy is not None and strategy.kind == "direct" and not 0.0 <= strategy.minimum_slot_utilization <= 1.0:
+        fail(".direct.minimum_slot_utilization",
+             f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {config.name}")
+
+
+def _check_states(
+    states: tuple[SequenceState, ...], taken: dict[str, str], fail: Callable[[str, str], NoReturn]
+) -> None:
+    """Each state's tensor names are the model's own (``taken``: the names in use, and
+    by what), and its initial state, if any, fits it."""
+    for index, state in enumerate(states):
         where = f".state[{index}]"
         for key, name in (("input_name", state.input_name), ("output_name", state.output_name)):
             if name in taken:
@@ -226,18 +246,6 @@ def check_sequence_batching(config: ModelConfig, source: str) -> None:
             if not _fits(initial.dims, state.dims):
                 fail(where + ".initial_state[0].dims",
                      f"expected dims matching the state's {list(state.dims)}, got {list(initial.dims)}")
-    strategy = batching.strategy
-    if strategy is not None and strategy.kind == "oldest":
-        for size in strategy.preferred_batch_size:
-            if size <= 0:
-                fail(".oldest.preferred_batch_size",
-                     f"sequence batching preferred batch size must be positive for {config.name}")
-            if size > config.max_batch_size:
-                fail(".oldest.preferred_batch_size",
-                     f"sequence batching preferred batch size must be <= max batch size for {config.name}")
-    if strategy is not None and strategy.kind == "direct" and not 0.0 <= strategy.minimum_slot_utilization <= 1.0:
-        fail(".direct.minimum_slot_utilization",
-             f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {config.name}")
 
 
 def _fits(dims: tuple[int, ...], pattern: tuple[int, ...]) -> bool:

@@ -7,42 +7,29 @@ from __future__ import annotations
 
 import orjson
 
-from nereid.errors import (
-    ConfigError,
-    ExecutionTimeoutError,
-    InternalError,
-    InvalidInputError,
-    MalformedRequestError,
-    ModelExecutionError,
-    ModelLoadError,
-    ModelNotFoundError,
-    NereidError,
-    RequestCancelledError,
-    UnavailableError,
-    UnsupportedError,
-)
+from nereid import errors
 
 __all__ = ["status_for", "error_json", "internal_error_json", "internal_error_message"]
 
 # Triton's HttpCodeFromError: INVALID_ARG/UNKNOWN/ALREADY_EXISTS/CANCELLED 400,
 # NOT_FOUND 404, UNSUPPORTED 501, UNAVAILABLE 503, INTERNAL 500. JSON parse errors
 # are INTERNAL in Triton (500), so MalformedRequestError is too.
-_STATUS: tuple[tuple[type[NereidError], int], ...] = (
-    (InvalidInputError, 400),
-    (ConfigError, 400),
-    (RequestCancelledError, 400),
-    (ModelNotFoundError, 404),
-    (UnsupportedError, 501),
-    (UnavailableError, 503),
-    (MalformedRequestError, 500),
-    (ModelExecutionError, 500),
-    (ExecutionTimeoutError, 500),
-    (ModelLoadError, 500),
-    (InternalError, 500),
+_STATUS: tuple[tuple[type[errors.NereidError], int], ...] = (
+    (errors.InvalidInputError, 400),
+    (errors.ConfigError, 400),
+    (errors.RequestCancelledError, 400),
+    (errors.ModelNotFoundError, 404),
+    (errors.UnsupportedError, 501),
+    (errors.UnavailableError, 503),
+    (errors.MalformedRequestError, 500),
+    (errors.ModelExecutionError, 500),
+    (errors.ExecutionTimeoutError, 500),
+    (errors.ModelLoadError, 500),
+    (errors.InternalError, 500),
 )
 
 
-def status_for(error: NereidError) -> int:
+def status_for(error: errors.NereidError) -> int:
     """The HTTP status for an error (500 for anything not in the table)."""
     for cls, status in _STATUS:
         if isinstance(error, cls):

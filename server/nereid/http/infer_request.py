@@ -2,8 +2,8 @@
 ``InferRequest``: the full parser, with no memo (infer_memo.py sits in front of it).
 
 Owns the request structure (protocol.md §2-§3): the JSON header's ``id``,
-``parameters``, ``inputs`` (binary blobs, JSON ``data``, shared memory) and ``outputs``,
-and raw binary requests. The inputs are then checked against the model config by the one
+``parameters``, ``inputs`` (binary blobs, JSON ``data``, shared memory) and ``outputs``;
+a raw binary request is raw_request.py's. The inputs are then checked against the model config by the one
 checking core (``nereid.tensors.checks``) with Triton's texts. Checks run in Triton's
 order, and messages are Triton's, so clients see what tritonserver would tell them.
 """
@@ -21,6 +21,7 @@ from nereid.datatypes import BY_WIRE_NAME, DATATYPES, DataType
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelNotFoundError, NereidError
 from nereid.tensors import wire_inputs
 from nereid.http.infer_memo import HttpModelTables
+from nereid.http.raw_request import parse_raw_request
 from nereid.http.request_json import (
     I64_LIMIT,
     NO_MEMBER,
@@ -94,7 +95,7 @@ def parse_infer_body(
         total = len(body)
         json_length = total if header_length is None else parse_header_length(header_length, total)
         if json_length == 0:
-            return ParsedInfer(_parse_raw(body, spec, model_name, model_version, max_json_size), 0, {}, "")
+            return ParsedInfer(parse_raw_request(body, spec, model_name, model_version, max_json_size), 0, {}, "")
         root = _json_root(body, json_length, max_json_size)
         request_id = root.get("id", "")
         if type(request_id) is not str:
@@ -400,58 +401,3 @@ def _requested(
 
 
 _REQUESTED_CACHE_SIZE = 64
-
-
-def _parse_raw(
-    body: bytes, spec: HttpModelTables, model_name: str, model_version: int | None, max_json_size: int
-) -> InferRequest:
-    """A raw binary request (§3.4): the whole body is the model's single input."""
-    size = len(body)
-    if size > max_json_size:
-        raise InvalidInputError(
-            f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of {max_json_size} "
-            "bytes. Use --http-max-input-size to increase the limit."
-        )
-    prefix = "[request id: <id_unknown>] "
-    config = spec.config
-    if len(config.input) != 1:
-        raise InvalidInputError(
-            f"{prefix}Raw request must only have 1 input (found 1) to be deduced but got {len(config.input)} "
-            f"inputs in '{model_name}' model configuration",
-            model=model_name,
-        )
-    tensor = config.input[0]
-    shape = [1] if spec.batching else []
-    variable_axis = -1
-    fixed_count = 1
-    for dim in tensor.dims:
-        if dim == -1:
-            if variable_axis != -1:
-                raise InvalidInputError(
-                    f"{prefix}The shape of the raw input '{tensor.name}' can not be deduced because there are more "
-                    "than one variable-sized dimension",
-                    model=model_name,
-                    input=tensor.name,
-                )
-            variable_axis = len(shape)
-        else:
-            fixed_count *= dim
-        shape.append(dim)
-    dt = tensor.data_type
-    if dt.is_bytes:
-        if variable_axis != -1 or fixed_count != 1:
-            raise InvalidInputError(
-                f"{prefix}For BYTE datatype raw input '{tensor.name}', the model must have input shape [1]",
-                model=model_name,
-                input=tensor.name,
-            )
-        inputs: dict[str, NDArray[Any]] = {tensor.name: wire_inputs.bytes_object_array([body], shape)}
-    else:
-        if variable_axis != -1:
-            shape[variable_axis] = size // fixed_count // dt.itemsize if fixed_count else 0
-        item = wire_inputs.WireInput(tensor.name, dt, tuple(shape), wire_inputs.BINARY, body, 0, size)
-        spec.rules.check_input(tensor.name, item, model_name, prefix)
-        inputs = {tensor.name: wire_inputs.to_array(item, model_name, prefix)}
-    return InferRequest(
-        model_name=model_name, inputs=inputs, rows=1, model_version=model_version, binary_data_output=True
-    )

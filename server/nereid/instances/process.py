@@ -42,7 +42,7 @@ from nereid.repository.model_file import ModelClass
 from nereid.instances.call_server import CallServer
 from nereid.instances.channel import Arena, ChannelClosed, write_arrays
 from nereid.triton_python.bls import BlsTarget
-from nereid.instances.replies import adopt_arena, reply_outputs, restore_unsendable
+from nereid.instances.replies import adopt_arena, await_reply, release_after_reply, reply_outputs, restore_unsendable
 from nereid.instances.link import Slot
 from nereid.instances.supervisor import WorkerProcess
 
@@ -180,7 +180,7 @@ class ProcessInstance:
             return BatchOutcome(None, exc, t1 - t0, time.monotonic_ns() - t1, 0)
         finally:
             if slot.busy:  # cancelled while the process runs the batch: its reply is still to come
-                self._release_after_reply(slot)
+                release_after_reply(slot, self.worker)
             else:
                 handed_on = self.worker.release(slot)
         t2 = time.monotonic_ns()
@@ -211,7 +211,7 @@ class ProcessInstance:
             return BatchOutcome(None, exc, 0, time.monotonic_ns() - t0, 0)
         finally:
             if slot.busy:
-                self._release_after_reply(slot)
+                release_after_reply(slot, self.worker)
             else:
                 self.worker.release(slot)
         t1 = time.monotonic_ns()
@@ -234,64 +234,10 @@ class ProcessInstance:
 
     async def _reply_on_loop(self, slot: Slot) -> tuple[Any, list[int]]:
         """The slot's next message, awaited on the loop (the execution timeout applies)."""
-        loop = asyncio.get_running_loop()
-        fd = slot.channel.sock.fileno()
-        waiting: asyncio.Future[tuple[Any, list[int]]] = loop.create_future()
-        slot.waiting = waiting
-
-        def readable() -> None:
-            loop.remove_reader(fd)
-            if not waiting.done():
-                try:
-                    message, fds = slot.channel.recv_ready()
-                except BlockingIOError:  # spurious: wait on
-                    loop.add_reader(fd, readable)
-                except (ChannelClosed, OSError) as exc:
-                    waiting.set_exception(ChannelClosed(str(exc)))
-                else:
-                    self.worker.drain_calls()  # the metric updates sent before this reply
-                    # read: whatever becomes of the awaiting task, the slot is free and
-                    # its outputs arena is the one this reply's arrays lie in
-                    slot.busy = False
-                    adopt_arena(slot, fds)
-                    waiting.set_result((message, []))
-
-        loop.add_reader(fd, readable)
         try:
-            if self.timeout_s is None:
-                return await waiting
-            try:
-                received: tuple[Any, list[int]] = await asyncio.wait_for(waiting, self.timeout_s)
-                return received
-            except TimeoutError:
-                raise self._died(self.config.execution_timeout_ms) from None
-        finally:
-            loop.remove_reader(fd)
-            slot.waiting = None
-
-    def _release_after_reply(self, slot: Slot) -> None:
-        """Put ``slot`` back once the reply to the batch it was sent arrives (read and
-        dropped, its arena adopted): the next batch on it must not take that reply for
-        its own. A slot whose process dies meanwhile is dropped with it."""
-        loop = self.worker.loop
-        assert loop is not None
-        fd = slot.channel.sock.fileno()
-
-        def readable() -> None:
-            loop.remove_reader(fd)
-            try:
-                _, fds = slot.channel.recv_ready()
-            except BlockingIOError:  # spurious: wait on
-                loop.add_reader(fd, readable)
-                return
-            except (ChannelClosed, OSError):  # the process is gone: so is the slot
-                return
-            slot.busy = False
-            adopt_arena(slot, fds)
-            self.worker.release(slot)
-
-        if slot.generation == self.worker.generation:
-            loop.add_reader(fd, readable)
+            return await await_reply(slot, self.worker, self.timeout_s)
+        except TimeoutError:
+            raise self._died(self.config.execution_timeout_ms) from None
 
     def _parameters(self, requests: Sequence[InferRequest]) -> tuple[Any, ...]:
         assert self.model_class is not None

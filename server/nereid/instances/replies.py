@@ -1,4 +1,6 @@
-"""What a process instance's replies carry, read on the server's side: outputs in the
+"""A process instance's replies, read on the server's side: awaited on the event loop with
+no thread in between (``await_reply``; a reply nobody waits for any more read and dropped
+before its slot is reused: ``release_after_reply``), and what they carry: outputs in the
 slot's shared-memory arena (``reply_outputs``; a new arena adopted when the process
 replaced it: ``adopt_arena``), or what ``infer`` returned, pickled, with stand-ins for
 the values the process could not pickle (``restore_unsendable``), so that ``split``
@@ -7,13 +9,88 @@ checks and words them as for a thread instance.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from typing import Any
+from typing import Any, Protocol
 
-from nereid.instances.channel import Arena, Unsendable, read_arrays
+from nereid.instances.channel import Arena, ChannelClosed, Unsendable, read_arrays
 from nereid.instances.link import Slot
 
-__all__ = ["adopt_arena", "reply_outputs", "restore_unsendable"]
+__all__ = ["SlotOwner", "adopt_arena", "await_reply", "release_after_reply", "reply_outputs", "restore_unsendable"]
+
+
+class SlotOwner(Protocol):
+    """What reading a slot's reply needs of the instance's link (``link.InstanceLink``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    @property
+    def generation(self) -> int: ...
+    def drain_calls(self) -> None: ...
+    def release(self, slot: Slot) -> bool: ...
+
+
+async def await_reply(slot: Slot, owner: SlotOwner, timeout_s: float | None) -> tuple[Any, list[int]]:
+    """The slot's next message, awaited on the running loop (woken by the socket, no
+    thread hop). The moment it is read, whatever becomes of the awaiting task, the slot is
+    free (``busy`` cleared) and its outputs arena is the one the reply's arrays lie in;
+    the calls the process sent before it (metric updates) are handled first. Raises
+    ChannelClosed when the process is gone, TimeoutError past ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    fd = slot.channel.sock.fileno()
+    waiting: asyncio.Future[tuple[Any, list[int]]] = loop.create_future()
+    slot.waiting = waiting
+
+    def readable() -> None:
+        loop.remove_reader(fd)
+        if not waiting.done():
+            try:
+                message, fds = slot.channel.recv_ready()
+            except BlockingIOError:  # spurious: wait on
+                loop.add_reader(fd, readable)
+            except (ChannelClosed, OSError) as exc:
+                waiting.set_exception(ChannelClosed(str(exc)))
+            else:
+                owner.drain_calls()
+                slot.busy = False
+                adopt_arena(slot, fds)
+                waiting.set_result((message, []))
+
+    loop.add_reader(fd, readable)
+    try:
+        if timeout_s is None:
+            return await waiting
+        received: tuple[Any, list[int]] = await asyncio.wait_for(waiting, timeout_s)
+        return received
+    finally:
+        loop.remove_reader(fd)
+        slot.waiting = None
+
+
+def release_after_reply(slot: Slot, owner: SlotOwner) -> None:
+    """Put ``slot`` back once the reply to the batch it was sent arrives (read and
+    dropped, its arena adopted): the next batch on it must not take that reply for its
+    own. A slot whose process dies meanwhile (or has died: another generation) is
+    dropped with it."""
+    loop = owner.loop
+    assert loop is not None
+    fd = slot.channel.sock.fileno()
+
+    def readable() -> None:
+        loop.remove_reader(fd)
+        try:
+            _, fds = slot.channel.recv_ready()
+        except BlockingIOError:  # spurious: wait on
+            loop.add_reader(fd, readable)
+            return
+        except (ChannelClosed, OSError):  # the process is gone: so is the slot
+            return
+        slot.busy = False
+        adopt_arena(slot, fds)
+        owner.release(slot)
+
+    if slot.generation == owner.generation:
+        loop.add_reader(fd, readable)
 
 
 def adopt_arena(slot: Slot, fds: list[int]) -> None:

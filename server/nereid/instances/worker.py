@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from nereid.config.triton_json import INPUT_TENSORS
+from nereid.config.extension_parameters import INPUT_TENSORS
 from nereid.tensors.device import DeviceInputs
 from nereid.errors import ModelLoadError
 from nereid.log import configure_logging

@@ -13,12 +13,7 @@ from typing import Any, Mapping
 
 from nereid import __version__
 from nereid.config import config_from_triton_json
-from nereid.errors import (
-    InvalidInputError,
-    ModelNotFoundError,
-    UnavailableError,
-    UnsupportedError,
-)
+from nereid.errors import InvalidInputError, ModelNotFoundError, UnavailableError, UnsupportedError
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.repository.scan import check_model_name
 

@@ -21,7 +21,7 @@ from nereid.scheduling.batcher import DynamicBatcher, Instance
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors, execution_config
 from nereid.config import to_triton_json
-from nereid.config.schema import ModelConfig, ModelTransactionPolicy
+from nereid.config.schema import InstanceGroup, ModelConfig, ModelTransactionPolicy
 from nereid.context import ModelContext
 from nereid.ensembles import EnsembleScheduler, StepModels, decoupled_problem, ensemble_problem
 from nereid.custom_metrics import CustomMetrics, OwnedMetrics
@@ -101,23 +101,9 @@ class ModelLoader:
                 model_class = await asyncio.to_thread(
                     load_model_class, version.model_file, name, version.version, self.faults
                 )
-            # a sequence model's instances also take its control and state tensors
-            run_config = execution_config(config)
-            hosts = process_hosts(groups)
-            workers: dict[int, WorkerProcess] = {}  # by process_hosts' number
             # every instance first (listed, so that a failed start closes them all), then
             # started in order: instances sharing a process join it before it starts
-            for index, ((group, device), host) in enumerate(zip(groups, hosts)):
-                context = _instance_context(name, config, config_json, version, index, device)
-                context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
-                if host is None:
-                    assert model_class is not None
-                    instances.append(ModelInstance(model_class, context, run_config, self.faults, self.bls))
-                    continue
-                if host not in workers:
-                    workers[host] = worker_process(version.model_file, run_config)
-                instances.append(ProcessInstance(version.model_file, context, run_config, self.faults, self.bls,
-                                                 workers[host]))
+            self._add_instances(instances, name, config, config_json, version, groups, model_class)
             for instance in instances:
                 await self._start_instance(instance)
             if model_class is None:  # process instances only: what they learnt of the class
@@ -137,25 +123,50 @@ class ModelLoader:
                 batcher = batcher_for(name, config, instances, stats)
             await batcher.__aenter__()
         except BaseException as exc:
-            for instance in instances:
-                await instance.close()
-                _release_metrics(instance.context)
-            self.faults.flush(name, version.version)  # the next load attempt logs its failures afresh
-            if model_class is not None:
-                unload_model_module(model_class)
-            if isinstance(exc, ModelLoadError):
+            await self._undo(name, version, instances, model_class)
+            error = _load_error(exc, name, version)
+            if error is exc:
                 raise
-            if isinstance(exc, NereidError):
-                raise ModelLoadError(name, exc.message, str(version.model_file)) from exc
-            if isinstance(exc, Exception):  # anything user code or the filesystem throws
-                _log.exception("loading %s:%d failed", name, version.version)
-                raise ModelLoadError(
-                    name, f"{version.model_file}: {describe_exception(exc)}", str(version.model_file)
-                ) from exc
-            raise
+            raise error from exc
         return ServingModel(
             name, version.version, config, config_json, stats, batcher, tuple(instances), model_class, labels
         )
+
+    def _add_instances(
+        self, instances: list[ModelInstance | ProcessInstance], name: str, config: ModelConfig,
+        config_json: dict[str, object], version: VersionSource, groups: list[tuple[InstanceGroup, str]],
+        model_class: ModelClass | None,
+    ) -> None:
+        """The version's instances, one per placement in ``groups``, added to ``instances``
+        unstarted: thread instances of ``model_class``, process instances in the worker
+        processes ``process_hosts`` shares them out to."""
+        # a sequence model's instances also take its control and state tensors
+        run_config = execution_config(config)
+        workers: dict[int, WorkerProcess] = {}  # by process_hosts' number
+        for index, ((group, device), host) in enumerate(zip(groups, process_hosts(groups))):
+            context = _instance_context(name, config, config_json, version, index, device)
+            context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
+            if host is None:
+                assert model_class is not None
+                instances.append(ModelInstance(model_class, context, run_config, self.faults, self.bls))
+                continue
+            if host not in workers:
+                workers[host] = worker_process(version.model_file, run_config)
+            instances.append(ProcessInstance(version.model_file, context, run_config, self.faults, self.bls,
+                                             workers[host]))
+
+    async def _undo(
+        self, name: str, version: VersionSource, instances: list[ModelInstance | ProcessInstance],
+        model_class: ModelClass | None,
+    ) -> None:
+        """A load that failed (or was cancelled): close what it started, forget its faults
+        (the next attempt logs its failures afresh) and its model module."""
+        for instance in instances:
+            await instance.close()
+            _release_metrics(instance.context)
+        self.faults.flush(name, version.version)
+        if model_class is not None:
+            unload_model_module(model_class)
 
     def _load_ensemble(self, source: ModelSource, version: VersionSource) -> ServingModel:
         """An ensemble version: its steps' models must serve and fit its config now (they
@@ -253,6 +264,18 @@ def _release_metrics(context: ModelContext) -> None:
     """Close the metric handles an instance's model code still held."""
     if isinstance(context.metrics, OwnedMetrics):
         context.metrics.release_all()
+
+
+def _load_error(exc: BaseException, name: str, version: VersionSource) -> BaseException:
+    """What a failed load raises: a ModelLoadError naming the model file (logged with its
+    traceback when user code or the filesystem threw it); ``exc`` itself when it is one
+    already, or not an Exception (a cancellation)."""
+    if isinstance(exc, ModelLoadError) or not isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, NereidError):
+        return ModelLoadError(name, exc.message, str(version.model_file))
+    _log.exception("loading %s:%d failed", name, version.version)
+    return ModelLoadError(name, f"{version.model_file}: {describe_exception(exc)}", str(version.model_file))
 
 
 def _instance_context(

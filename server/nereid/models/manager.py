@@ -1,8 +1,8 @@
 """ModelManager: which model versions are loaded, their state and reason, and serving.
 
 Owns loading, reloading and unloading as transactions per model (the loader brings one
-version up or down: loader.py; what each version shows: states.py), the
-poll-mode watcher task, and the lookup the surfaces use to reach a running model: its
+version up or down: loader.py; what each version shows: states.py; poll mode's watcher
+calls them: poller.py), and the lookup the surfaces use to reach a running model: its
 serving handle (serving.py). Knows nothing about HTTP.
 """
 
@@ -38,7 +38,8 @@ from nereid.repository.scan import (
     check_model_name,
     is_model_folder,
 )
-from nereid.repository.watch import ChangeDetector, Changes, fingerprint_scan
+from nereid.repository.watch import Changes
+from nereid.models.poller import RepositoryPoller
 from nereid.models.serving import ServingModel, Ticket
 
 __all__ = [
@@ -114,8 +115,9 @@ class ModelManager:
         self.latest: Mapping[str, ServingModel] = self._latest
         self._startup_done = False
         self._closing = False
-        self._detector: ChangeDetector | None = None
-        self._poller: asyncio.Task[None] | None = None
+        self._poller = RepositoryPoller(
+            self.repositories, poll_secs, load=self._load_logged, unload=self._unload_logged
+        )
         self._dependencies = Dependencies()  # ensembles' step models
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -124,30 +126,22 @@ class ModelManager:
         """Load the startup set for the control mode (models load concurrently); in poll
         mode then start watching the repository. A model that fails to load is
         UNAVAILABLE with its reason; it never stops the others or the server."""
-        baseline = None
         scan = await asyncio.to_thread(self.repositories.scan)
         if self.mode == "poll":
-            # Fingerprints taken before loading: a change made while models load is seen
-            # by the first polls and acted on.
-            baseline = await asyncio.to_thread(fingerprint_scan, scan)
+            await self._poller.take_baseline(scan)  # before loading: changes made meanwhile count
         if self.mode == "explicit" and "*" not in self.startup_models:
             names = list(dict.fromkeys(self.startup_models))
         else:
             names = list(scan.roots) + list(scan.duplicates)  # a duplicate is remembered UNAVAILABLE
         await asyncio.gather(*(self._load_logged(name, startup=True) for name in names))
         self._startup_done = True
-        if baseline is not None:
-            self._detector = ChangeDetector(baseline)
-            self._poller = asyncio.create_task(self._poll_forever(), name="nereid-repository-poll")
-            _log.info("polling %s for changes every %g s", self.repositories, self.poll_secs)
+        if self.mode == "poll":
+            self._poller.start()
 
     async def aclose(self) -> None:
         """Stop polling, then unload everything (in-flight requests finish first)."""
         self._closing = True
-        poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
+        await self._poller.aclose()
         names = list(self._records)
         results = await asyncio.gather(*(self.unload(name) for name in names), return_exceptions=True)
         for name, result in zip(names, results):
@@ -308,34 +302,7 @@ class ModelManager:
         off the event loop, and act on the changes that have held still for one poll:
         unload removed models, load new ones, reload changed ones. Returns what it acted
         on. Failures are logged and shown in the index, never raised."""
-        scan = await asyncio.to_thread(self.repositories.scan)
-        if self._detector is None:
-            self._detector = ChangeDetector(await asyncio.to_thread(fingerprint_scan, scan))
-            return Changes()
-        # A name now in two repositories is left out of the fingerprints: it unloads, as in Triton.
-        current = await asyncio.to_thread(fingerprint_scan, scan)
-        changes = self._detector.observe(current)
-        for name in changes.removed:
-            _log.info("repository poll: '%s' was removed", name)
-        for name in changes.added:
-            _log.info("repository poll: '%s' was added", name)
-        for name in changes.modified:
-            _log.info("repository poll: '%s' changed", name)
-        await asyncio.gather(
-            *(self._unload_logged(name) for name in changes.removed),
-            *(self._load_logged(name) for name in changes.added + changes.modified),
-        )
-        # A name now in two repositories: its load fails, so the index says why it went.
-        await asyncio.gather(*(self._load_logged(name) for name in changes.removed if name in scan.duplicates))
-        return changes
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_secs)
-            try:
-                await self.poll()
-            except Exception:  # a failed poll must not end polling
-                _log.exception("repository poll of %s failed", self.repositories)
+        return await self._poller.poll()
 
     async def _load_logged(self, name: str, startup: bool = False) -> None:
         try:

@@ -20,7 +20,7 @@ from nereid.config.schema import DynamicBatching
 from nereid.errors import NereidError, RequestTimeoutError, UnavailableError
 from nereid.scheduling.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock
 from nereid.scheduling.execution import Execution, Instance, Outcome
-from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, InOrder, OnAnswer, Pending, Stream
+from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, InOrder, OnAnswer, Pending, Stream, awaited
 from nereid.scheduling.queue import RequestQueue
 from nereid.scheduling.staging import Running, Stage, Stager
 from nereid.stats import ModelStats
@@ -147,12 +147,7 @@ class DynamicBatcher:
         max_batch_size) or UnavailableError (stopping). A caller cancelled while the
         payload waits takes it out of the queue unexecuted."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending = self._enqueue(payload, received_ns, future, priority, timeout_us)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self.withdraw(pending)
-            raise
+        return await awaited(future, self._enqueue(payload, received_ns, future, priority, timeout_us))
 
     def submit(self, payload: Any, received_ns: int | None, on_answer: OnAnswer, *, priority: int = 0,
                timeout_us: int | None = None) -> Pending:

@@ -31,7 +31,7 @@ from nereid.inference import InferRequest
 from nereid.scheduling.queue import QueuedRequest
 from nereid.stats import ModelStats
 
-__all__ = ["Answer", "Answers", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream", "answer_now"]
+__all__ = ["Answer", "Answers", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream", "answer_now", "awaited"]
 
 _log = logging.getLogger("nereid")
 
@@ -73,6 +73,16 @@ class Pending(QueuedRequest):
 
     def withdraw(self) -> None:
         self.batcher.withdraw(self)
+
+
+async def awaited(future: asyncio.Future[Any], pending: Pending) -> Any:
+    """The answer ``future`` brings to ``pending`` (the batchers' ``infer``). A caller
+    cancelled meanwhile withdraws ``pending``: still queued, it leaves unexecuted."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        pending.withdraw()
+        raise
 
 
 #: ``on_answer(outputs, error)``: how ``DynamicBatcher.submit`` answers a callback caller.

@@ -21,7 +21,7 @@ from nereid.errors import InternalError, NereidError, RequestCancelledError, Req
 from nereid.inference import InferRequest
 from nereid.scheduling.clock import SYSTEM_CLOCK, Cancellable, Clock
 from nereid.scheduling.execution import Execution, Instance, Outcome
-from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, OnAnswer, Pending
+from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, OnAnswer, Pending, awaited
 from nereid.scheduling.sequence_tensors import SequenceTensors
 from nereid.scheduling.sequences import Rows, Sequences
 from nereid.stats import ModelStats
@@ -141,12 +141,7 @@ class SequenceBatcher:
         (its priority levels are 0: Model::Init, InferenceRequest::SetPriority);
         ``timeout_us`` (0 or None: none) bounds only a wait in the backlog for a slot."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending = self._enqueue(payload, received_ns, future, timeout_us)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self.withdraw(pending)
-            raise
+        return await awaited(future, self._enqueue(payload, received_ns, future, timeout_us))
 
     def submit(self, payload: InferRequest, received_ns: int | None, on_answer: OnAnswer, *, priority: int = 0,
                timeout_us: int | None = None) -> Pending:

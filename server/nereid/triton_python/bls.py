@@ -16,6 +16,8 @@ import contextlib
 import contextvars
 from typing import TYPE_CHECKING, Iterator, Protocol
 
+from nereid.triton_python.context_scope import set_within
+
 if TYPE_CHECKING:
     from nereid.triton_python.messages import InferenceRequest, InferenceResponse
 
@@ -67,14 +69,9 @@ class NotToItself:
 _target: contextvars.ContextVar[BlsTarget | None] = contextvars.ContextVar("nereid_bls_target", default=None)
 
 
-@contextlib.contextmanager
-def calls_through(target: BlsTarget | None) -> Iterator[None]:
+def calls_through(target: BlsTarget | None) -> contextlib.AbstractContextManager[None]:
     """Model code run inside this block sends its BLS requests to ``target``."""
-    token = _target.set(target)
-    try:
-        yield
-    finally:
-        _target.reset(token)
+    return set_within(_target, target)
 
 
 def current_target() -> BlsTarget | None:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from nereid import custom_metrics
 from nereid.custom_metrics import MetricError, MetricKind, MetricsSink
+from nereid.triton_python.context_scope import set_within
 from nereid.triton_python.messages import TritonModelException
 
 __all__ = ["Metric", "MetricFamily", "current_sink", "metrics_through"]
@@ -26,14 +27,9 @@ _sink: contextvars.ContextVar[MetricsSink | None] = contextvars.ContextVar("nere
 _T = TypeVar("_T")
 
 
-@contextlib.contextmanager
-def metrics_through(sink: MetricsSink | None) -> Iterator[None]:
+def metrics_through(sink: MetricsSink | None) -> contextlib.AbstractContextManager[None]:
     """Model code run inside this block makes its metric families in ``sink``."""
-    token = _sink.set(sink)
-    try:
-        yield
-    finally:
-        _sink.reset(token)
+    return set_within(_sink, sink)
 
 
 def current_sink() -> MetricsSink | None:

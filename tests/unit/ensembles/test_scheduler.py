@@ -17,6 +17,7 @@ from nereid.ensembles import EnsembleScheduler
 from nereid.errors import InvalidInputError, ModelExecutionError, ModelNotFoundError, NereidError
 from nereid.inference import ComputeTotals, InferRequest, SequenceFlags
 from nereid.stats import ModelStats
+from tests.unit.manual_clock import settle
 
 pytestmark = pytest.mark.unit
 
@@ -136,7 +137,7 @@ def test_independent_steps_run_together_and_a_step_waits_for_all_its_inputs() ->
         await a.started.wait()
         await b.started.wait()  # both running at once, neither answered yet
         a.gate.set()
-        await asyncio.sleep(0)
+        await settle()  # A's answer has every chance to reach C
         assert not c.started.is_set()  # c still waits for B
         b.gate.set()
         return await answer  # type: ignore[no-any-return]

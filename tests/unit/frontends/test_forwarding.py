@@ -14,6 +14,7 @@ from nereid.frontends.arena import Arena
 from nereid.frontends.forwarding import MainLink
 from nereid.frontends.messages import FrameReader, Kind, frame
 from nereid.http.infer import InferHeaders
+from tests.unit.manual_clock import next_turn
 
 
 CONFIG = parse_model_config(
@@ -67,7 +68,7 @@ def test_a_raw_infer_body_goes_into_the_arena_and_its_answer_comes_back() -> Non
         responder = Recorder()
         body = b'{"inputs": []}'
         link.start_infer("m", None, InferHeaders([]), body, 123, responder)
-        await asyncio.sleep(0)  # the outbox writes once per loop turn
+        await next_turn()  # the outbox writes once per loop turn
         (message,) = transport.sent
         kind, id, name, version, _, received_ns, offset, length, inline = message
         assert (kind, name, version, received_ns, length, inline) == (Kind.INFER, "m", None, 123, len(body), None)
@@ -76,7 +77,7 @@ def test_a_raw_infer_body_goes_into_the_arena_and_its_answer_comes_back() -> Non
         link.data_received(frame((Kind.ANSWER.value, id, 200, [(b"content-type", b"text/plain")], 0, 5, None, False)))
         assert responder.replies == [("reply", 200, [(b"content-type", b"text/plain")], b"hello")]
         assert link.ring.blocks == 0  # the body's block is free again
-        await asyncio.sleep(0)
+        await next_turn()
         assert transport.sent[-1] == (Kind.FREED, [0])  # and the main process may reuse the answer's
 
     run(test)
@@ -88,7 +89,7 @@ def test_a_withdrawn_request_is_not_answered_and_its_block_waits_for_done() -> N
         ticket = link.start_infer("m", None, InferHeaders([]), b"x" * 100, 1, responder)
         assert ticket is not None
         ticket.withdraw()
-        await asyncio.sleep(0)
+        await next_turn()
         assert transport.sent[-1] == (Kind.WITHDRAW, ticket.id)
         assert link.ring.blocks == 1  # the main process may still be reading it
         link.data_received(frame((Kind.DONE.value, ticket.id)))
@@ -118,7 +119,7 @@ def test_one_results_message_answers_each_decoded_request_with_its_own_rows() ->
         for value, responder in zip((3, 4), responders):
             body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}]})
             link.start_infer("acc", None, InferHeaders([]), body.encode(), 1, responder)
-        await asyncio.sleep(0)
+        await next_turn()
         ids = [message[1] for message in transport.sent if message[0] == Kind.DECODED]
         assert len(ids) == 2 and link.ring.blocks == 2
         joined = np.ndarray((2, 1), np.int32, buffer=arena.answers, offset=128)
@@ -128,7 +129,7 @@ def test_one_results_message_answers_each_decoded_request_with_its_own_rows() ->
         bodies = [json.loads(responder.replies[0][-1]) for responder in responders]
         assert [body["outputs"][0]["data"] for body in bodies] == [[30], [40]]
         assert link.ring.blocks == 0
-        await asyncio.sleep(0)
+        await next_turn()
         assert transport.sent[-1] == (Kind.FREED, [128])  # one block for both answers
 
     run(test)

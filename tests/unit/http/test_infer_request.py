@@ -1,5 +1,5 @@
-"""``infer_request``: an infer body (KServe v2 JSON, Triton's binary tensor extension, raw
-binary) -> InferRequest, and every malformed or hostile body refused with Triton's own
+"""``infer_request``: an infer body (KServe v2 JSON, Triton's binary tensor extension) ->
+InferRequest (raw binary bodies: test_raw_request.py), and every malformed or hostile body refused with Triton's own
 error class and message (only ever a NereidError).
 """
 
@@ -42,58 +42,6 @@ from tests.unit.http.infer_bodies import (
     wild_requests,
 )
 
-
-# -- raw binary requests (Inference-Header-Content-Length: 0) ------------------------------
-
-
-def test_raw_binary_request_deduces_the_variable_dim_and_a_batch_of_one() -> None:
-    cfg = config(inputs=(("X", "FP32", (2, -1)),))
-    request = parse(np.arange(6, dtype=np.float32).tobytes(), "0", cfg)
-    assert request.inputs["X"].shape == (1, 2, 3)
-    assert request.rows == 1
-    assert request.outputs is None and request.binary_data_output is True
-
-
-def test_raw_binary_bytes_input_is_one_element() -> None:
-    cfg = config(inputs=(("X", "BYTES", (1,)),), max_batch_size=0)
-    assert parse(b"\x00raw", "0", cfg).inputs["X"].tolist() == [b"\x00raw"]
-
-
-@pytest.mark.parametrize(
-    ("cfg", "body", "message"),
-    [
-        (
-            config(inputs=(("X", "FP32", (1,)), ("Y", "FP32", (1,)), ("Z", "FP32", (1,)))),
-            b"1234",
-            (
-                "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got 3 "
-                "inputs in 'm' model configuration"
-            ),
-        ),
-        (
-            config(inputs=(("X", "FP32", (-1, -1)),)),
-            b"1234",
-            (
-                "[request id: <id_unknown>] The shape of the raw input 'X' can not be deduced because there are "
-                "more than one variable-sized dimension"
-            ),
-        ),
-        (
-            config(inputs=(("X", "BYTES", (2,)),)),
-            b"1234",
-            "[request id: <id_unknown>] For BYTE datatype raw input 'X', the model must have input shape [1]",
-        ),
-        (
-            config(inputs=(("X", "FP32", (2,)),)),
-            b"123",
-            "[request id: <id_unknown>] input byte size mismatch for input 'X' for model 'm'. Expected 8, got 3",
-        ),
-    ],
-    ids=["many-inputs", "two-variable-dims", "bytes-shape", "size"],
-)
-def test_raw_binary_request_errors(cfg: ModelConfig, body: bytes, message: str) -> None:
-    with raises(InvalidInputError, message):
-        parse(body, "0", cfg)
 
 def j(**fields: Any) -> dict[str, Any]:
     return fields

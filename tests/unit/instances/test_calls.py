@@ -46,7 +46,7 @@ class EchoBls:
             for step in range(count):
                 yield pb_utils.InferenceResponse([pb_utils.Tensor("STEP", np.array([step], np.int32))])
             self.started.set()
-            await asyncio.sleep(1000)  # "forever": only a cancel ends it
+            await asyncio.Event().wait()  # never set: only a cancel ends it
         except asyncio.CancelledError:
             self.cancelled.set()
             raise

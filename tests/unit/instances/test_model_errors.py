@@ -45,7 +45,7 @@ def test_the_loop_cancelling_the_task_goes_on_up() -> None:
 
         async def model_code() -> None:
             try:
-                await asyncio.sleep(1000)  # cancelled below, never waited out
+                await asyncio.Event().wait()  # never set: only the cancel below ends it
             except asyncio.CancelledError as exc:
                 seen.append(cancelled_by_loop(exc))
                 raise

@@ -12,9 +12,9 @@ import pytest
 
 from nereid.errors import ModelExecutionError, NereidError, RequestTimeoutError
 from nereid.inference import ComputeTotals, InferRequest
-from nereid.scheduling.pending import Answers, CallbackAnswer, InOrder, Pending, Stream, answer_now
+from nereid.scheduling.pending import Answers, CallbackAnswer, InOrder, Pending, Stream, answer_now, awaited
 from nereid.stats import ModelStats
-from tests.unit.manual_clock import ManualClock
+from tests.unit.manual_clock import ManualClock, next_turn
 
 
 class _Withdrawals:
@@ -68,6 +68,36 @@ def test_withdrawing_a_pending_asks_its_batcher() -> None:
     record = pending(CallbackAnswer(lambda outputs, error: None), batcher=batcher)
     record.withdraw()
     assert batcher.withdrawn == [record]
+
+
+# -- awaited (the batchers' infer) -------------------------------------------------------
+
+
+def test_an_awaited_answer_is_its_futures_result_and_leaves_the_request_alone() -> None:
+    async def scenario() -> tuple[Any, list[Pending]]:
+        batcher = _Withdrawals()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        record = pending(future, batcher=batcher)
+        asyncio.get_running_loop().call_soon(future.set_result, "out")
+        return await awaited(future, record), batcher.withdrawn
+
+    assert run(scenario()) == ("out", [])
+
+
+def test_a_caller_cancelled_while_awaiting_withdraws_its_request() -> None:
+    async def scenario() -> tuple[bool, list[Pending], Pending]:
+        batcher = _Withdrawals()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        record = pending(future, batcher=batcher)
+        caller = asyncio.ensure_future(awaited(future, record))
+        await next_turn()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        return caller.cancelled(), batcher.withdrawn, record
+
+    cancelled, withdrawn, record = run(scenario())
+    assert cancelled and withdrawn == [record]
 
 
 # -- Stream ------------------------------------------------------------------------------
