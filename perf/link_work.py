@@ -26,7 +26,7 @@ from typing import Any
 
 from bench_identity import CONFIG_TOML, MODEL_PY  # the benchmark's identity model, as it writes it
 
-from nereid.frontends.arena import Arena
+from nereid.frontends.arena import Arena, Ring
 from nereid.frontends.link import WorkerLink
 from nereid.frontends.messages import FrameReader, Kind, frame
 from nereid.local import InProcessServer
@@ -34,13 +34,16 @@ from nereid.local import InProcessServer
 _LAYOUT = (("INPUT0", 0, "<f4", (1, 16)),)
 #: (rows, outputs, parameters, priority, timeout_us, binary_data_output, layout): decoding.py's template
 _TEMPLATE = (1, None, (), 0, None, True, _LAYOUT)
+_DECODED, _MODEL, _RESULTS, _RESULT, _ANSWER, _FREED = (
+    Kind.DECODED.value, Kind.MODEL.value, Kind.RESULTS.value, Kind.RESULT.value, Kind.ANSWER.value, Kind.FREED.value)
 
 
 class StandIn:
     """The worker's end: sends DECODED frames of at most ``frame`` requests, one per loop
     turn, a new request for each one answered, and FREED for each answer block read."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, concurrency: int, frame_size: int, total: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, concurrency: int, frame_size: int, total: int,
+                 capacity: int) -> None:
         self.loop = loop
         self.frame_size = frame_size
         self.total = total
@@ -51,8 +54,10 @@ class StandIn:
         self.link: WorkerLink | None = None
         self.token = 0
         self.template_sent = False
-        self.free_slots = list(range(concurrency))
-        self.slot_of: dict[int, int] = {}
+        self.in_flight = 0
+        self.concurrency = concurrency
+        self.ring = Ring(capacity)  # blocks of the arena's request half, handed out as a worker's ring does
+        self.block_of: dict[int, int] = {}
         self.freed: list[int] = []
         self.done: asyncio.Future[None] = loop.create_future()
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -62,25 +67,26 @@ class StandIn:
         started = time.thread_time()
         for message in self.reader.feed(data):
             kind = message[0]
-            if kind == Kind.MODEL.value:
+            if kind == _MODEL:
                 self.token = message[2]
                 if not self.ready.done():
                     self.ready.set_result(None)
-            elif kind == Kind.RESULTS.value:
+            elif kind == _RESULTS:
                 self.freed.append(message[2])
                 for id, _ in message[4]:
                     self._answered(id)
-            elif kind == Kind.RESULT.value:
+            elif kind == _RESULT:
                 if message[3] >= 0:
                     self.freed.append(message[3])
                 self._answered(message[1])
-            elif kind == Kind.ANSWER.value:
+            elif kind == _ANSWER:
                 raise RuntimeError(f"request {message[1]} failed: {message[6]!r}")
         self.loop.call_soon(self.send)
         self.own_s += time.thread_time() - started
 
     def _answered(self, id: int) -> None:
-        self.free_slots.append(self.slot_of.pop(id))
+        self.ring.free(self.block_of.pop(id))
+        self.in_flight -= 1
         self.answered += 1
         if self.answered == self.total and not self.done.done():
             self.done.set_result(None)
@@ -90,17 +96,19 @@ class StandIn:
         started = time.thread_time()
         messages: list[tuple[Any, ...]] = []
         if self.freed:
-            messages.append((Kind.FREED.value, self.freed))
+            messages.append((_FREED, self.freed))
             self.freed = []
         now = time.monotonic_ns()
-        while self.free_slots and len(messages) < self.frame_size and self.sent < self.total:
-            slot = self.free_slots.pop()
+        while self.in_flight < self.concurrency and len(messages) < self.frame_size and self.sent < self.total:
+            offset = self.ring.allocate(64)
+            assert offset is not None
             self.sent += 1
-            self.slot_of[self.sent] = slot
+            self.in_flight += 1
+            self.block_of[self.sent] = offset
             template = None if self.template_sent else _TEMPLATE
             self.template_sent = True
-            messages.append((Kind.DECODED.value, self.sent, self.token, 0, template, slot * 64, "", now))
-        if self.free_slots and self.sent < self.total:
+            messages.append((_DECODED, self.sent, self.token, 0, template, offset, "", now))
+        if self.in_flight < self.concurrency and self.sent < self.total:
             self.loop.call_soon(self.send)  # the next frame on the next loop turn
         data = frame(*messages) if messages else b""
         self.own_s += time.thread_time() - started
@@ -116,7 +124,7 @@ async def measure(args: argparse.Namespace, repository: Path) -> tuple[float, fl
         app = SimpleNamespace(endpoints=SimpleNamespace(infer_endpoint=SimpleNamespace(manager=manager),
                                                         start_infer=lambda *args: None))
         arena = Arena.create()
-        stand_in = StandIn(loop, args.concurrency, args.frame, args.requests)
+        stand_in = StandIn(loop, args.concurrency, args.frame, args.requests, len(arena.requests))
         link = WorkerLink(app, arena, {}, 0)  # type: ignore[arg-type]
         link.connection_made(SimpleNamespace(write=stand_in.write, close=lambda: None))
         stand_in.link = link
