@@ -1,11 +1,15 @@
 """WorkerLink: the main process's end of one front-end worker's link.
 
-Takes the worker's INFER messages into the main app's infer flow
-(``Endpoints.start_infer``, the same call the native engine makes, so the request joins
-the same queue and batches as every other) and its ASGI messages into the main app
-(``AsgiExchange``, as the native engine runs any other request); answers go back as
-ANSWER messages, their bodies written into the arena's answer half. Counts the requests
-that came through the worker.
+Takes the requests the worker decoded (DECODED) into their model's queue, the run of
+them one frame brings in one call (``ServingModel.submit_many``: one wake-up of the
+batcher, each request still its own queue entry), their inputs views on the arena; their
+outputs go back joined, one arena block and one RESULTS message per loop turn, model
+version and kind of outputs. The worker's INFER messages (raw bodies) go into the main
+app's infer flow (``Endpoints.start_infer``, the same call the native engine makes, so
+the request joins the same queue and batches as every other) and its ASGI messages into
+the main app (``AsgiExchange``, as the native engine runs any other request); those
+answers go back as ANSWER messages, their bodies written into the arena's answer half.
+Counts the requests that came through the worker.
 """
 
 from __future__ import annotations
@@ -74,9 +78,7 @@ class _DecodedAnswer:
     def set_result(self, outputs: Any) -> None:
         if not self.answered:
             self.answered = True
-            link = self.link
-            link.tickets.pop(self.id, None)
-            link.send_outputs(self.id, self.serving.version, outputs)
+            self.link.answered(self.id, self.serving.version, outputs)
 
     def set_exception(self, error: BaseException) -> None:
         if self.answered:
@@ -326,11 +328,12 @@ class WorkerLink(asyncio.Protocol):
             elif held is not None and not answer.answered:
                 held[answer.id] = ticket
 
-    def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+    def answered(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         """A decoded request's outputs: sent at this loop turn's end with the others
         answered in it (``_send_results``), as the batcher already has the instance run
         its next batch while this one's answers go out (a model's outputs are never
         written again once returned)."""
+        self.tickets.pop(id, None)
         outbox = self._outbox
         if outbox is None:
             return
@@ -347,36 +350,47 @@ class WorkerLink(asyncio.Protocol):
             return
         groups: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}
         for id, version, outputs in answered:
-            joinable = row_signature(outputs)
-            if joinable is None:
-                self._send_alone(id, version, outputs)
-                continue
-            signature, rows = joinable
-            group = groups.get((version, signature))
+            if len(outputs) == 1:  # the common case, row_signature's without its call
+                [(name, array)] = outputs.items()
+                if array.ndim == 0 or array.dtype.hasobject:
+                    self._send_alone(id, version, outputs)
+                    continue
+                key: tuple[Any, ...] = (version, ((name, array.dtype, array.shape[1:]),))
+                rows = array.shape[0]
+            else:
+                joinable = row_signature(outputs)
+                if joinable is None:
+                    self._send_alone(id, version, outputs)
+                    continue
+                key, rows = (version, joinable[0]), joinable[1]
+            group = groups.get(key)
             if group is None:
-                groups[(version, signature)] = [(id, rows, outputs)]
+                groups[key] = [(id, rows, outputs)]
             else:
                 group.append((id, rows, outputs))
         for (version, signature), group in groups.items():
-            rows = 0
-            for _, count, _ in group:
-                rows += count
-            size = rows_size(signature, rows)
-            offset = self.ring.allocate(size)
-            if offset is None:
-                for id, _, outputs in group:
-                    self._send_alone(id, version, outputs)
-                continue
-            try:
-                layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
-                                    [outputs for _, _, outputs in group])
-            except Exception as exc:  # a bug: these requests fail, loudly
-                self.ring.free(offset)
-                _log.exception("sending outputs to HTTP worker %d failed", self.index)
-                for id, _, _ in group:
-                    self.send_error(id, InternalError(f"internal error in infer: {exc}"))
-                continue
-            self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
+            self._send_group(version, signature, group)
+
+    def _send_group(self, version: int, signature: tuple[Any, ...], group: list[tuple[int, int, dict[str, Any]]]) -> None:
+        rows = 0
+        for _, count, _ in group:
+            rows += count
+        size = rows_size(signature, rows)
+        offset = self.ring.allocate(size)
+        if offset is None:
+            for id, _, outputs in group:
+                self._send_alone(id, version, outputs)
+            return
+        try:
+            layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
+                                [outputs for _, _, outputs in group])
+        except Exception as exc:  # a bug: these requests fail, loudly
+            self.ring.free(offset)
+            _log.exception("sending outputs to HTTP worker %d failed", self.index)
+            for id, _, _ in group:
+                self.send_error(id, InternalError(f"internal error in infer: {exc}"))
+            return
+        self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
 
     def _send_alone(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         try:
