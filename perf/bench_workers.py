@@ -78,8 +78,10 @@ class Model:
 class WorkersNereid(Server):
     """This build with ``--http-workers N`` serving the chosen model."""
 
-    def __init__(self, log_dir: Path, args: argparse.Namespace, workers: int) -> None:
-        self.name = f"w{workers}"
+    def __init__(self, log_dir: Path, args: argparse.Namespace, workers: int, baseline: bool = False) -> None:
+        self.name = f"base-w{workers}" if baseline else f"w{workers}"
+        #: another build's command (``--baseline-cmd``) in place of this one's ``python -m nereid``
+        self.base_command = args.baseline_cmd.split() if baseline else [sys.executable, "-m", "nereid"]
         self.model = args.model
         super().__init__(log_dir)
         self.args = args
@@ -123,7 +125,7 @@ class WorkersNereid(Server):
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "nereid", "serve", "--model-repository", str(self.model_repo),
+            *self.base_command, "serve", "--model-repository", str(self.model_repo),
             "--http-port", str(self.port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port), "--http-workers", str(self.workers), *self.args.nereid_arg,
         ]
@@ -182,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--perf-analyzer", default=str(PERF_ANALYZER), help="perf_analyzer to run")
     p.add_argument("--pa-arg", action="append", default=[], help="extra perf_analyzer argument")
     p.add_argument("--nereid-arg", action="append", default=[], help="extra `nereid serve` argument")
+    p.add_argument("--baseline-cmd", default=None,
+                   help="another build's nereid command (e.g. 'env PYTHONPATH=/tmp/old/server python -m nereid'): "
+                        "each worker count is run with it too, interleaved, and compared with this build")
     p.add_argument("--start-timeout", type=float, default=120, help="seconds to become ready")
     p.add_argument("--csv", default=None, help="write every run here as CSV")
     p.add_argument("--plot", default=None, help="write the medians' plot here (PNG; needs matplotlib)")
@@ -198,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="nereid-bench-workers-"))
     servers = [WorkersNereid(work, args, count) for count in counts]
+    baselines = [WorkersNereid(work, args, count, baseline=True) for count in counts] if args.baseline_cmd else []
+    if baselines:  # each baseline run beside this build's with the same count
+        servers = [server for pair in zip(baselines, servers) for server in pair]
     runs: list[Run] = []
     failed = False
     try:
@@ -224,9 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     names = [server.name for server in servers]
     rows = summarize(runs, names, levels, args.stability_percentage)
-    for name in names[1:]:  # each count against the first
-        print(f"\n{name} against {names[0]} ({args.model} model, {args.protocol.upper()}):")
-        print_table(rows, [name, names[0]], levels)
+    ours = [name for name in names if not name.startswith("base-")]
+    for name in ours[1:]:  # each count against the first
+        print(f"\n{name} against {ours[0]} ({args.model} model, {args.protocol.upper()}):")
+        print_table(rows, [name, ours[0]], levels)
+    for name in ours if baselines else []:  # each count against the baseline build's
+        print(f"\n{name} against base-{name} ({args.model} model, {args.protocol.upper()}):")
+        print_table(rows, [name, f"base-{name}"], levels)
     print("\nserver CPU per inference, medians (us): all processes / main process / workers")
     for level in levels:
         for name in names:
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             if ok:
                 total = statistics.median(run.cpu_us for run in ok)
                 main = statistics.median(run.extra["main_cpu_us"] for run in ok)
-                print(f"{name:<4} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}")
+                print(f"{name:<7} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}")
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
         _add_main_cpu(Path(args.csv), runs)

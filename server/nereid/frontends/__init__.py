@@ -14,7 +14,8 @@ would load every model N times and split every batch N ways.
                  message (socket pair; the request's template is sent once, then named
                  by number)
                  main: WorkerLink -> InferRequest of views on the arena (no copy)
-                       -> ServingModel.submit (the same queue as everyone's) -> batch
+                       -> ServingModel.submit_many (a frame's requests at once, each its own
+                       entry in the same queue as everyone's) -> batch
                  outputs -> arena i + RESULTS (the outputs of every request answered
                  in one loop turn joined in one block, one message) -> the worker
                  encodes and writes each answer

@@ -29,56 +29,69 @@ _ALIGN = 64
 class Ring:
     """Blocks of ``capacity`` bytes handed out in order and taken back in any order:
     space is reused once every block allocated before it is free (a block held long
-    holds back reuse, never correctness). Pure bookkeeping, no memory of its own."""
+    holds back reuse, never correctness). Pure bookkeeping, no memory of its own.
+
+    A worker allocates and frees a block per request: the live blocks are their offsets
+    in order (a deque) and the end of each not yet freed (a dict), nothing per block
+    beyond that."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        # [offset, size, freed] of each block not yet reclaimed, oldest first
-        self._live: collections.deque[list[int]] = collections.deque()
-        self._by_offset: dict[int, list[int]] = {}
+        #: offsets of the blocks not yet reclaimed, oldest first
+        self._order: collections.deque[int] = collections.deque()
+        #: the end of each block not yet freed, by its offset
+        self._ends: dict[int, int] = {}
+        #: the newest block's offset and end (meaningful while ``_order`` is not empty)
+        self._newest = 0
+        self._tail = 0
 
     def allocate(self, size: int) -> int | None:
         """The offset of a block of at least ``size`` bytes, or None when there is no
         room now."""
-        size = max(_ALIGN, (size + _ALIGN - 1) & ~(_ALIGN - 1))
-        live = self._live
-        if not live:
-            offset = 0 if size <= self.capacity else None
+        size = (size + _ALIGN - 1) & ~(_ALIGN - 1) or _ALIGN
+        order = self._order
+        if not order:
+            if size > self.capacity:
+                return None
+            offset = 0
         else:
-            head = live[0][0]
-            last = live[-1]
-            tail = last[0] + last[1]
-            if last[0] >= head:  # not wrapped: room after the newest block, or from 0 to the oldest
-                offset = tail if self.capacity - tail >= size else 0 if head >= size else None
-            else:  # wrapped: room between the newest block and the oldest
-                offset = tail if head - tail >= size else None
-        if offset is None:
-            return None
-        block = [offset, size, 0]
-        live.append(block)
-        self._by_offset[offset] = block
+            head = order[0]
+            tail = self._tail
+            if self._newest >= head:  # not wrapped: room after the newest block, or from 0 to the oldest
+                if self.capacity - tail >= size:
+                    offset = tail
+                elif head >= size:
+                    offset = 0
+                else:
+                    return None
+            elif head - tail >= size:  # wrapped: room between the newest block and the oldest
+                offset = tail
+            else:
+                return None
+        order.append(offset)
+        self._newest = offset
+        self._tail = self._ends[offset] = offset + size
         return offset
 
     def free(self, offset: int) -> None:
         """Give back the block at ``offset``. Raises ValueError for an offset that is no
         live block."""
-        block = self._by_offset.pop(offset, None)
-        if block is None:
+        if self._ends.pop(offset, None) is None:
             raise ValueError(f"arena ring: no block allocated at offset {offset}")
-        block[2] = 1
-        live = self._live
-        while live and live[0][2]:
-            live.popleft()
+        order = self._order
+        ends = self._ends
+        while order and order[0] not in ends:
+            order.popleft()
 
     def reset(self) -> None:
         """Forget every block (the other side is gone)."""
-        self._live.clear()
-        self._by_offset.clear()
+        self._order.clear()
+        self._ends.clear()
 
     @property
     def blocks(self) -> int:
         """Blocks allocated and not freed."""
-        return len(self._by_offset)
+        return len(self._ends)
 
 
 class Arena:

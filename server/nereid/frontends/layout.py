@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["Layout", "layout_size", "read_arrays", "row_signature", "rows_size", "write_arrays", "write_rows"]
+__all__ = ["Layout", "layout_size", "read_arrays", "read_blocks", "row_signature", "rows_size", "write_arrays", "write_rows"]
 
 Layout = tuple[tuple[str, int, "str | np.dtype[Any]", tuple[int, ...]], ...]
 
@@ -67,11 +67,35 @@ def read_arrays(buffer: memoryview, offset: int, layout: Layout) -> dict[str, np
     return {name: np.ndarray(shape, dtype, buffer=buffer, offset=offset + at) for name, at, dtype, shape in layout}
 
 
+def read_blocks(buffer: memoryview, offset: int, step: int, count: int, layout: Layout) -> list[dict[str, np.ndarray]]:
+    """``read_arrays`` for ``count`` blocks of one ``layout``, the first at ``offset`` and
+    each ``step`` bytes after the one before: one strided array per name spans them all
+    and each block's arrays are its items (indexing one costs a fifth of a new view on
+    the buffer)."""
+    columns = []
+    for name, at, dtype, shape in layout:
+        itemsize = np.dtype(dtype).itemsize
+        strides = [itemsize] * len(shape)
+        for axis in range(len(shape) - 1, 0, -1):
+            strides[axis - 1] = strides[axis] * shape[axis]
+        columns.append((name, np.ndarray((count, *shape), dtype, buffer=buffer, offset=offset + at,
+                                         strides=(step, *strides))))
+    if len(columns) == 1:
+        name, column = columns[0]
+        return [{name: array} for array in column]
+    return [{name: column[index] for name, column in columns} for index in range(count)]
+
+
 def row_signature(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[Any, ...], int] | None:
     """What arrays must share to be laid out one after the other by ``write_rows`` (each
     one's name, dtype and shape past the first axis), and their rows (the first axis,
     the same for all); None when they cannot be (a scalar, an object array, arrays of
     different rows)."""
+    if len(arrays) == 1:  # the common case, without the loop's list
+        for name, array in arrays.items():
+            if array.ndim == 0 or array.dtype.hasobject:
+                return None
+            return ((name, array.dtype, array.shape[1:]),), array.shape[0]
     signature = []
     rows = -1
     for name, array in arrays.items():

@@ -1,11 +1,15 @@
 """WorkerLink: the main process's end of one front-end worker's link.
 
-Takes the worker's INFER messages into the main app's infer flow
-(``Endpoints.start_infer``, the same call the native engine makes, so the request joins
-the same queue and batches as every other) and its ASGI messages into the main app
-(``AsgiExchange``, as the native engine runs any other request); answers go back as
-ANSWER messages, their bodies written into the arena's answer half. Counts the requests
-that came through the worker.
+Takes the requests the worker decoded (DECODED) into their model's queue, the run of
+them one frame brings in one call (``ServingModel.submit_many``: one wake-up of the
+batcher, each request still its own queue entry), their inputs views on the arena; their
+outputs go back joined, one arena block and one RESULTS message per loop turn, model
+version and kind of outputs. The worker's INFER messages (raw bodies) go into the main
+app's infer flow (``Endpoints.start_infer``, the same call the native engine makes, so
+the request joins the same queue and batches as every other) and its ASGI messages into
+the main app (``AsgiExchange``, as the native engine runs any other request); those
+answers go back as ANSWER messages, their bodies written into the arena's answer half.
+Counts the requests that came through the worker.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
-from nereid.frontends.layout import layout_size, read_arrays, row_signature, rows_size, write_arrays, write_rows
+from nereid.frontends.layout import (
+    layout_size, read_arrays, read_blocks, row_signature, rows_size, write_arrays, write_rows,
+)
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.http._asgi import error_parts
 from nereid.http.app import NereidApp
@@ -54,31 +60,42 @@ class _InferAnswer:
 
 
 class _DecodedAnswer:
-    """The outcome of a request the worker decoded: its outputs into the arena (with the
-    others of this loop turn: RESULTS), or its error as a whole response (ANSWER)."""
+    """How a request the worker decoded is answered (an ``Answer``, pending.py): its
+    outputs into the arena with the others of this loop turn (RESULTS), its error as a
+    whole response (ANSWER), or, withdrawn, DONE. The first answer counts."""
 
-    __slots__ = ("link", "id", "serving")
+    __slots__ = ("link", "id", "serving", "answered")
 
     def __init__(self, link: WorkerLink, id: int, serving: ServingModel) -> None:
         self.link = link
         self.id = id
         self.serving = serving
+        self.answered = False
 
-    def __call__(self, outputs: Any, error: BaseException | None) -> None:
+    def done(self) -> bool:
+        return self.answered
+
+    def set_result(self, outputs: Any) -> None:
+        if not self.answered:
+            self.answered = True
+            self.link.answered(self.id, self.serving.version, outputs)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self.answered:
+            return
+        self.answered = True
         link = self.link
         link.tickets.pop(self.id, None)
-        if error is None:
-            try:
-                link.send_outputs(self.id, self.serving.version, outputs)
-            except Exception as exc:  # a bug: this request fails, loudly
-                _log.exception("sending the outputs of model %r to an HTTP worker failed", self.serving.name)
-                link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {exc}"))
-        elif isinstance(error, asyncio.CancelledError):
-            link.send((_DONE, self.id))  # withdrawn, or the server is stopping: nobody to answer
+        if isinstance(error, asyncio.CancelledError):
+            link.send((_DONE, self.id))  # the server is stopping: nobody to answer
         elif isinstance(error, NereidError):
             link.send_error(self.id, error)
         else:
             link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {error}"))
+
+    def cancel(self) -> None:
+        """Withdrawn (its client went away): the worker may reuse its block."""
+        self.set_exception(asyncio.CancelledError())
 
 
 class _ForwardedExchange:
@@ -142,9 +159,9 @@ class WorkerLink(asyncio.Protocol):
         self._exchanges: dict[int, _ForwardedExchange] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
-        #: decoded requests' outputs gathered over this loop turn, by version and
-        #: signature: sent together at the flush (RESULTS)
-        self._results: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}
+        #: decoded requests' outputs answered over this loop turn: sent together at the
+        #: flush (RESULTS)
+        self._answered: list[tuple[int, int, dict[str, Any]]] = []
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -158,7 +175,7 @@ class WorkerLink(asyncio.Protocol):
         """The worker is gone: its requests are withdrawn (their clients' connections went
         with it); answers still to come are dropped."""
         self._outbox = None
-        self._results = {}
+        self._answered = []
         tickets, self.tickets = self.tickets, {}
         for ticket in tickets.values():
             ticket.withdraw()
@@ -172,11 +189,16 @@ class WorkerLink(asyncio.Protocol):
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        decoded: list[tuple[Any, ...]] = []  # a run of DECODED messages, taken together
         for message in self._reader.feed(data):
             kind = message[0]
             if kind == _DECODED:
-                self._decoded(*message[1:])
-            elif kind == _INFER:
+                decoded.append(message)
+                continue
+            if decoded:
+                self._decoded(decoded)
+                decoded = []
+            if kind == _INFER:
                 self._infer(*message[1:])
             elif kind == _ASGI:
                 self._forwarded(*message[1:])
@@ -187,6 +209,8 @@ class WorkerLink(asyncio.Protocol):
                     self.ring.free(offset)
             else:
                 _log.error("HTTP worker %d: unexpected message %r", self.index, message[:2])
+        if decoded:
+            self._decoded(decoded)
 
     def send(self, message: tuple[Any, ...]) -> None:
         if self._outbox is not None:
@@ -237,90 +261,143 @@ class WorkerLink(asyncio.Protocol):
         self._token_of[name] = self._tokens
         self.send((_MODEL, name, self._tokens, serving.version, serving.config, dict(serving.labels)))
 
-    def _decoded(
-        self, id: int, token: int, number: int, template: tuple[Any, ...] | None, offset: int, request_id: str,
-        received_ns: int,
-    ) -> None:
-        """A request the worker decoded: its tensors are views on the arena block (no
-        copy), queued like any other; the block is the worker's until it has the answer."""
-        self.requests += 1
-        self.decoded += 1
-        if template is None:
-            template = self._templates[number]
-        elif number >= 0:
-            self._templates[number] = template
+    def _decoded(self, messages: list[tuple[Any, ...]]) -> None:
+        """Requests the worker decoded (DECODED messages, in order): their tensors are
+        views on their arena blocks (no copy); the requests of one template that follow
+        each other are queued together (``_submit``). A block is the worker's until it
+        has the answer."""
+        count = len(messages)
+        self.requests += count
+        self.decoded += count
+        templates = self._templates
+        run: list[tuple[Any, ...]] = []
+        run_key: tuple[int, int] = (0, -1)
+        run_template: tuple[Any, ...] = ()
+        for message in messages:
+            token, number, template = message[2], message[3], message[4]
+            if template is None:
+                template = templates[number]
+            elif number >= 0:
+                templates[number] = template
+            if run and (number < 0 or (token, number) != run_key):
+                self._submit(run_key[0], run_template, run)
+                run = []
+            run.append(message)
+            run_key, run_template = (token, number), template
+        self._submit(run_key[0], run_template, run)
+
+    def _submit(self, token: int, template: tuple[Any, ...], messages: list[tuple[Any, ...]]) -> None:
+        """Queue decoded requests of one template (``ServingModel.submit_many``): each its
+        own queue entry, answered through its own ``_DecodedAnswer``. Their inputs are
+        read as one strided view per name when their blocks are evenly spaced (they
+        are, unless the ring wrapped)."""
         serving = self._announced.get(token)
         if serving is None or self._manager.latest.get(serving.name) is not serving:
             if serving is not None:
                 self._announce(serving.name)
             _log.debug("HTTP worker %d: a request decoded for a version no longer served goes again raw", self.index)
-            self.send((_RETRY, id))  # decoded for a version no longer served: raw again
+            for message in messages:
+                self.send((_RETRY, message[1]))  # decoded for a version no longer served: raw again
             return
         rows, outputs, parameters, priority, timeout_us, binary, layout = template
-        inputs = read_arrays(self.arena.requests, offset, layout)
-        request = InferRequest(serving.name, inputs, rows, request_id, serving.version, outputs,
-                               dict(parameters), priority, timeout_us, binary)
+        buffer = self.arena.requests
+        count = len(messages)
+        offsets = [message[5] for message in messages]
+        first = offsets[0]
+        step = offsets[1] - first if count > 1 else 0
+        if step > 0 and offsets == list(range(first, first + count * step, step)):
+            inputs = read_blocks(buffer, first, step, count, layout)
+        else:
+            inputs = [read_arrays(buffer, offset, layout) for offset in offsets]
+        name, version = serving.name, serving.version
+        requests = [InferRequest(name, arrays, rows, message[6], version, outputs, dict(parameters), priority,
+                                 timeout_us, binary) for message, arrays in zip(messages, inputs)]
+        answers = [_DecodedAnswer(self, message[1], serving) for message in messages]
         try:
-            ticket = serving.submit(request, received_ns, _DecodedAnswer(self, id, serving))
+            tickets = serving.submit_many(requests, [message[7] for message in messages], answers, priority=priority,
+                                          timeout_us=timeout_us)
         except NereidError as exc:
-            self.send_error(id, exc)
-            return
-        except Exception as exc:  # a bug must cost one request
-            _log.exception("infer on model %r failed unexpectedly", serving.name)
-            self.send_error(id, InternalError(f"internal error in infer on model '{serving.name}': {exc}"))
-            return
-        if self._outbox is not None:
-            self.tickets[id] = ticket
+            tickets = [exc] * count
+        except Exception as exc:  # a bug must cost these requests only
+            _log.exception("infer on model %r failed unexpectedly", name)
+            tickets = [InternalError(f"internal error in infer on model '{name}': {exc}")] * count
+        held = self.tickets if self._outbox is not None else None
+        for answer, ticket in zip(answers, tickets):
+            if isinstance(ticket, NereidError):
+                answer.set_exception(ticket)
+            elif held is not None and not answer.answered:
+                held[answer.id] = ticket
 
-    def send_outputs(self, id: int, version: int, outputs: dict[str, Any]) -> None:
-        """A decoded request's outputs: gathered with the others of this loop turn that
-        have the same version and kinds of outputs, to go in one arena block (RESULTS);
-        alone (RESULT) when they cannot be joined. They are copied at the turn's end, as
-        the batcher already has the instance run its next batch while this one's answers
-        go out (a model's outputs are never written again once returned)."""
+    def answered(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+        """A decoded request's outputs: sent at this loop turn's end with the others
+        answered in it (``_send_results``), as the batcher already has the instance run
+        its next batch while this one's answers go out (a model's outputs are never
+        written again once returned)."""
+        self.tickets.pop(id, None)
         outbox = self._outbox
         if outbox is None:
             return
-        joinable = row_signature(outputs)
-        if joinable is None:
-            self._send_result(id, version, outputs)
-            return
-        signature, rows = joinable
-        results = self._results
-        if not results:
+        if not self._answered:
             outbox.before_flush(self._send_results)
-        group = results.get((version, signature))
-        if group is None:
-            results[(version, signature)] = [(id, rows, outputs)]
-        else:
-            group.append((id, rows, outputs))
+        self._answered.append((id, version, outputs))
 
     def _send_results(self) -> None:
-        """Each group of this turn's outputs into one arena block: one RESULTS message,
-        one copy per output name (or a RESULT each when the arena has no room)."""
-        results, self._results = self._results, {}
+        """This turn's outputs: those of one version and kind of outputs joined into one
+        arena block, one copy per output name, one RESULTS message (a RESULT each when
+        they cannot be joined, or the arena has no room)."""
+        answered, self._answered = self._answered, []
         if self._outbox is None:
             return
-        for (version, signature), group in results.items():
-            rows = 0
-            for _, count, _ in group:
-                rows += count
-            size = rows_size(signature, rows)
-            offset = self.ring.allocate(size)
-            if offset is None:
-                for id, _, outputs in group:
-                    self._send_result(id, version, outputs)
-                continue
-            try:
-                layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
-                                    [outputs for _, _, outputs in group])
-            except Exception as exc:  # a bug: these requests fail, loudly
-                self.ring.free(offset)
-                _log.exception("sending outputs to HTTP worker %d failed", self.index)
-                for id, _, _ in group:
-                    self.send_error(id, InternalError(f"internal error in infer: {exc}"))
-                continue
-            self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
+        groups: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}
+        for id, version, outputs in answered:
+            if len(outputs) == 1:  # the common case, row_signature's without its call
+                [(name, array)] = outputs.items()
+                if array.ndim == 0 or array.dtype.hasobject:
+                    self._send_alone(id, version, outputs)
+                    continue
+                key: tuple[Any, ...] = (version, ((name, array.dtype, array.shape[1:]),))
+                rows = array.shape[0]
+            else:
+                joinable = row_signature(outputs)
+                if joinable is None:
+                    self._send_alone(id, version, outputs)
+                    continue
+                key, rows = (version, joinable[0]), joinable[1]
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [(id, rows, outputs)]
+            else:
+                group.append((id, rows, outputs))
+        for (version, signature), group in groups.items():
+            self._send_group(version, signature, group)
+
+    def _send_group(self, version: int, signature: tuple[Any, ...], group: list[tuple[int, int, dict[str, Any]]]) -> None:
+        rows = 0
+        for _, count, _ in group:
+            rows += count
+        size = rows_size(signature, rows)
+        offset = self.ring.allocate(size)
+        if offset is None:
+            for id, _, outputs in group:
+                self._send_alone(id, version, outputs)
+            return
+        try:
+            layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
+                                [outputs for _, _, outputs in group])
+        except Exception as exc:  # a bug: these requests fail, loudly
+            self.ring.free(offset)
+            _log.exception("sending outputs to HTTP worker %d failed", self.index)
+            for id, _, _ in group:
+                self.send_error(id, InternalError(f"internal error in infer: {exc}"))
+            return
+        self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
+
+    def _send_alone(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+        try:
+            self._send_result(id, version, outputs)
+        except Exception as exc:  # a bug: this request fails, loudly
+            _log.exception("sending outputs to HTTP worker %d failed", self.index)
+            self.send_error(id, InternalError(f"internal error in infer: {exc}"))
 
     def _send_result(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         """One request's outputs into the arena's answer half (inline when there is no

@@ -80,19 +80,28 @@ class FrameReader:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
+        """The messages of every whole frame received so far, in order. Frames are read
+        straight from ``data`` when nothing is left over from before (the usual case: a
+        read ends on a frame's end); only a partial frame is kept, copied."""
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            buffer += data
+            source: bytes | bytearray = buffer
+        else:
+            source = data
         messages: list[tuple[Any, ...]] = []
         start = 0
-        end = len(buffer)
-        while end - start >= 4:
-            (length,) = _LENGTH.unpack_from(buffer, start)
-            if end - start - 4 < length:
-                break
-            with memoryview(buffer) as view:
+        end = len(source)
+        with memoryview(source) as view:
+            while end - start >= 4:
+                (length,) = _LENGTH.unpack_from(source, start)
+                if end - start - 4 < length:
+                    break
                 messages += pickle.loads(view[start + 4:start + 4 + length])
-            start += 4 + length
-        if start:
+                start += 4 + length
+            if source is not buffer and start < end:
+                buffer += view[start:]
+        if source is buffer and start:
             del buffer[:start]
         return messages
 

@@ -9,9 +9,10 @@ through a callback), ``stream`` (a decoupled model's steps), and ``queue_depth``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Mapping, Protocol
+from typing import Any, AsyncGenerator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -19,12 +20,12 @@ from nereid.ensembles import EnsembleScheduler
 from nereid.scheduling.batcher import DynamicBatcher
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.config.schema import ModelConfig
-from nereid.errors import ModelNotFoundError
+from nereid.errors import ModelNotFoundError, NereidError
 from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
 from nereid.instances.process import ProcessInstance
 from nereid.repository.model_file import ModelClass
-from nereid.scheduling.pending import OnAnswer
+from nereid.scheduling.pending import Answer, OnAnswer
 from nereid.stats import ModelStats
 
 __all__ = ["ServingModel", "Ticket"]
@@ -104,6 +105,27 @@ class ServingModel:
         return serving.batcher.submit(
             request, received_ns, on_answer, priority=request.priority, timeout_us=request.timeout_us)
 
+    def submit_many(
+        self, requests: Sequence[InferRequest], received_ns: Sequence[int], answers: Sequence[Answer], *,
+        priority: int = 0, timeout_us: int | None = None,
+    ) -> list[Ticket | NereidError]:
+        """Queue several requests of one priority and timeout at once, each answered
+        through its own ``Answer`` (``DynamicBatcher.submit_many``: one wake-up for them
+        all; any other scheduler takes them one by one). One result per request: its
+        Ticket, or the error that refused it."""
+        serving = self if self.successor is None and not self.retired else self._current()
+        batcher = serving.batcher
+        if isinstance(batcher, DynamicBatcher):
+            return list(batcher.submit_many(requests, received_ns, answers, priority=priority, timeout_us=timeout_us))
+        tickets: list[Ticket | NereidError] = []
+        for request, received, answer in zip(requests, received_ns, answers):
+            try:
+                tickets.append(batcher.submit(request, received, _callback_of(answer), priority=priority,
+                                              timeout_us=timeout_us))
+            except NereidError as exc:
+                tickets.append(exc)
+        return tickets
+
     async def stream(
         self, request: InferRequest, received_ns: int | None = None
     ) -> AsyncGenerator[dict[str, np.ndarray], None]:
@@ -137,3 +159,17 @@ class ServingModel:
                 f"Request for unknown model: '{self.name}' has no available versions", model=self.name
             )
         return serving
+
+
+def _callback_of(answer: Answer) -> OnAnswer:
+    """``on_answer(outputs, error)`` that answers ``answer`` (a scheduler that takes callbacks)."""
+
+    def on_answer(outputs: Any, error: BaseException | None) -> None:
+        if error is None:
+            answer.set_result(outputs)
+        elif isinstance(error, asyncio.CancelledError):
+            answer.cancel()
+        else:
+            answer.set_exception(error)
+
+    return on_answer

@@ -17,7 +17,7 @@ import asyncio
 from typing import Any, AsyncGenerator, Callable, Sequence
 
 from nereid.config.schema import DynamicBatching
-from nereid.errors import NereidError, RequestTimeoutError, UnavailableError
+from nereid.errors import NereidError, QueueFullError, RequestTimeoutError, UnavailableError
 from nereid.scheduling.clock import PRECISE_BELOW_NS, SYSTEM_CLOCK, Cancellable, Clock, SystemClock
 from nereid.scheduling.execution import Execution, Instance, Outcome
 from nereid.scheduling.pending import Answer, Answers, CallbackAnswer, InOrder, OnAnswer, Pending, Stream, awaited
@@ -158,6 +158,48 @@ class DynamicBatcher:
         ``withdraw()`` the returned Pending if the caller goes away."""
         return self._enqueue(payload, received_ns, CallbackAnswer(on_answer), priority, timeout_us)
 
+    def submit_many(self, payloads: Sequence[Any], received_ns: Sequence[int], answers: Sequence[Answer], *,
+                    priority: int = 0, timeout_us: int | None = None) -> list[Pending | NereidError]:
+        """Queue several payloads of one priority and timeout at once, each answered
+        through its own ``Answer`` (pending.py: ``set_result``, ``set_exception``,
+        ``cancel``), not a callback: one clock reading, one wake-up and one timeout timer
+        for them all. Each is still its own queue entry (max_queue_size, priority,
+        timeout, cancellation and errors are per payload). One result per payload: its
+        Pending (``withdraw()`` it as ``submit``'s), or the error that refused it
+        (QueueFullError, counted as REJECTED). Raises UnavailableError once closed."""
+        if self._closed:
+            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
+        now = self._clock()
+        queue = self._queue
+        level = 0 if queue.single_level else queue.level_for(priority)
+        deadline_ns = queue.deadline_for(level, now, timeout_us) if queue.timed else 0
+        cost_of, signature_of = self._cost_of, self._signature_of
+        try:
+            entries = [Pending(cost_of(payload), signature_of(payload), level, now, deadline_ns, payload, received,
+                               answer, self) for payload, received, answer in zip(payloads, received_ns, answers)]
+        except NereidError:  # a payload's cost cannot be counted (Model.batch_size): one at a time, it fails alone
+            return [self._admit_or_error(payload, received, answer, level, now, deadline_ns)
+                    for payload, received, answer in zip(payloads, received_ns, answers)]
+        queued = queue.push_many(entries)
+        admitted: list[Pending | NereidError] = list(entries[:queued])
+        for pending in entries[queued:]:
+            self.stats.record_failure(now - pending.received_ns, "REJECTED")
+            admitted.append(QueueFullError("Exceeds maximum queue size"))
+        if self._order is not None:
+            for pending in entries[:queued]:
+                self._order.track(pending)
+        self._arrived(now, deadline_ns)
+        return admitted
+
+    def _admit_or_error(self, payload: Any, received_ns: int, answer: Answer, level: int, now: int,
+                        deadline_ns: int) -> Pending | NereidError:
+        try:
+            pending = self._admit(payload, received_ns, answer, level, now, deadline_ns)
+        except NereidError as exc:
+            return exc
+        self._arrived(now, deadline_ns)
+        return pending
+
     async def stream(self, payload: Any, received_ns: int | None = None, *, priority: int = 0,
                      timeout_us: int | None = None) -> AsyncGenerator[Any, None]:
         """Queue one request of a decoupled model and yield its outputs step by step, until
@@ -186,20 +228,29 @@ class DynamicBatcher:
         if self._closed:
             raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
         now = self._clock()
-        if received_ns is None:
-            received_ns = now
         queue = self._queue
         level = 0 if queue.single_level else queue.level_for(priority)
         deadline_ns = queue.deadline_for(level, now, timeout_us) if queue.timed else 0
+        pending = self._admit(payload, now if received_ns is None else received_ns, answer, level, now, deadline_ns)
+        self._arrived(now, deadline_ns)
+        return pending
+
+    def _admit(self, payload: Any, received_ns: int, answer: Answer, level: int, now: int, deadline_ns: int) -> Pending:
+        """Into the queue (QueueFullError, counted as REJECTED, when there is no room)."""
         pending = Pending(self._cost_of(payload), self._signature_of(payload), level, now, deadline_ns,
                           payload, received_ns, answer, self)
         try:
-            queue.push(pending)
+            self._queue.push(pending)
         except NereidError:
             self.stats.record_failure(self._clock() - received_ns, "REJECTED")
             raise
         if self._order is not None:
             self._order.track(pending)
+        return pending
+
+    def _arrived(self, now: int, deadline_ns: int) -> None:
+        """Requests were queued at ``now``: wake an idle slot, let a busy one look, and
+        time their deadline."""
         self._wake_idle()
         stager = self._stager
         stager.last_arrival_ns = now
@@ -208,7 +259,6 @@ class DynamicBatcher:
         if deadline_ns:
             # Timeouts fire even while every instance is busy and nobody forms a batch.
             self._call_at(deadline_ns / 1e9, self._expire_timeouts)
-        return pending
 
     # -- slots -------------------------------------------------------------------------
 

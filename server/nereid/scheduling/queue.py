@@ -11,7 +11,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, Hashable, Iterator, TypeVar
+from typing import Generic, Hashable, Iterator, Sequence, TypeVar
 
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import QueueFullError
@@ -164,6 +164,31 @@ class RequestQueue(Generic[Entry]):
         self.queued_cost += item.cost
         if item.deadline_ns:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
+
+    def push_many(self, items: Sequence[Entry]) -> int:
+        """Queue ``items``, all of one level, in order: as many as its max_queue_size lets
+        in (``push`` for each, with one look at the room). Returns how many were queued;
+        the rest are refused, as ``push`` refuses one."""
+        if not items:
+            return 0
+        level = items[0].level
+        policy = self._policies[level]
+        count = len(items)
+        if policy.max_queue_size > 0:
+            count = max(0, min(count, policy.max_queue_size - self._sizes[level] - self._held[level]))
+            items = items[:count]
+        cost = 0
+        action = policy.timeout_action
+        for item in items:
+            item.timeout_action = action
+            cost += item.cost
+            if item.deadline_ns:
+                heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
+        self._normal[level].extend(items)
+        self._sizes[level] += count
+        self._live += count
+        self.queued_cost += cost
+        return count
 
     @property
     def held(self) -> int:

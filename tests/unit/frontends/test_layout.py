@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from nereid.datatypes import bfloat16_dtype
-from nereid.frontends.layout import layout_size, read_arrays, row_signature, rows_size, write_arrays, write_rows
+from nereid.frontends.layout import (
+    layout_size, read_arrays, read_blocks, row_signature, rows_size, write_arrays, write_rows,
+)
 
 
 @pytest.mark.parametrize("arrays", [
@@ -66,3 +68,31 @@ def test_rows_of_several_parts_are_joined_and_read_back_in_order() -> None:
 ])
 def test_arrays_that_cannot_be_joined_by_rows_have_no_signature(arrays: dict[str, np.ndarray]) -> None:
     assert row_signature(arrays) is None
+
+
+def test_evenly_spaced_blocks_come_back_as_views_of_one_strided_array_each() -> None:
+    parts = [{"a": np.arange(6, dtype=np.int64).reshape(2, 3) + 10 * index, "b": np.full((1, 5), index, np.float16)}
+             for index in range(4)]
+    size = layout_size(parts[0])
+    assert size is not None
+    step = size + 64  # a gap between blocks: the step is what counts
+    region = memoryview(bytearray(128 + 4 * step))
+    layouts = {write_arrays(region[128 + index * step:128 + index * step + size], part)
+               for index, part in enumerate(parts)}
+    assert len(layouts) == 1
+    back = read_blocks(region, 128, step, 4, layouts.pop())
+    for part, arrays in zip(parts, back):
+        assert list(arrays) == ["a", "b"]
+        for name, array in part.items():
+            np.testing.assert_array_equal(arrays[name], array)
+            assert arrays[name].flags.c_contiguous
+    region[128 + 3 * step] ^= 0xFF  # views, not copies
+    assert back[3]["a"][0, 0] != 30
+
+
+def test_one_array_per_block_reads_back_the_same() -> None:
+    region = memoryview(bytearray(64 * 3))
+    for index in range(3):
+        write_arrays(region[64 * index:64 * index + 64], {"x": np.full((1, 4), index, np.float32)})
+    back = read_blocks(region, 0, 64, 3, (("x", 0, "<f4", (1, 4)),))
+    assert [float(arrays["x"][0, 0]) for arrays in back] == [0.0, 1.0, 2.0]

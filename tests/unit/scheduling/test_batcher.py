@@ -17,7 +17,7 @@ import pytest
 from nereid.scheduling.batcher import DynamicBatcher
 from nereid.scheduling.clock import SYSTEM_CLOCK
 from nereid.config.schema import DynamicBatching, QueuePolicy
-from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError
+from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError, UnavailableError
 from nereid.stats import ModelStats
 from tests.unit.manual_clock import ManualClock, settle, until, next_turn
 
@@ -772,5 +772,97 @@ def test_with_several_slots_a_partial_batch_waits_for_the_first_free_one() -> No
             assert a.handed[2][1] == [4]
             a.release(2)
             b.release(1)
+
+    run(scenario())
+
+
+class RecordedAnswer:
+    """An Answer (pending.py) that records how it was answered."""
+
+    def __init__(self) -> None:
+        self.outcome: tuple[str, Any] | None = None
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def set_result(self, outputs: Any) -> None:
+        if self.outcome is None:
+            self.outcome = ("result", outputs)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self.outcome is None:
+            self.outcome = ("error", error)
+
+    def cancel(self) -> None:
+        if self.outcome is None:
+            self.outcome = ("cancelled", None)
+
+
+def test_submit_many_queues_each_payload_and_answers_it_through_its_own_answer() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=0) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.batches) == 1)  # running, held at the gate
+            answers = [RecordedAnswer() for _ in range(4)]
+            pendings = batcher.submit_many([1, 2, 3, 4], [10, 11, 12, 13], answers)
+            assert batcher.queue_depth == 4
+            pendings[2].withdraw()  # type: ignore[union-attr]  # each one its own entry
+            gate.set()
+            await until(lambda: all(answer.done() for answer in answers))
+        assert [answer.outcome for answer in answers] == [("result", 2), ("result", 4), ("cancelled", None), ("result", 8)]
+        assert instance.batches[1] == [1, 2, 4]  # the rest of them, in one batch
+        assert batcher.stats.failures_by_reason["CANCELED"] == 1
+
+    run(scenario())
+
+
+def test_submit_many_refuses_what_the_queue_has_no_room_for() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        policy = QueuePolicy(max_queue_size=2)
+        async with make([instance], max_batch_size=1, default_queue_policy=policy) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.batches) == 1)
+            answers = [RecordedAnswer() for _ in range(3)]
+            admitted = batcher.submit_many([1, 2, 3], [0, 0, 0], answers)
+            assert isinstance(admitted[2], QueueFullError) and str(admitted[2]) == "Exceeds maximum queue size"
+            assert batcher.stats.failures_by_reason["REJECTED"] == 1
+            gate.set()
+            await until(lambda: answers[0].done() and answers[1].done())
+        assert [answer.outcome for answer in answers] == [("result", 2), ("result", 4), None]
+
+    run(scenario())
+
+
+def test_submit_many_times_out_each_request_under_its_timeout() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        gate = asyncio.Event()
+        instance = FakeInstance(gate=gate)
+        policy = QueuePolicy(default_timeout_microseconds=100)
+        async with make([instance], max_batch_size=1, clock=clock, default_queue_policy=policy) as batcher:
+            batcher.submit(0, None, lambda result, error: None)
+            await until(lambda: len(instance.batches) == 1)
+            answers = [RecordedAnswer() for _ in range(2)]
+            batcher.submit_many([1, 2], [0, 0], answers)
+            clock.advance(200_000)
+            await until(lambda: all(answer.done() for answer in answers))
+            gate.set()
+        assert all(isinstance(answer.outcome[1], RequestTimeoutError) for answer in answers)  # type: ignore[index]
+        assert batcher.stats.failures_by_reason["REJECTED"] == 2
+
+    run(scenario())
+
+
+def test_submit_many_after_close_is_unavailable() -> None:
+    async def scenario() -> None:
+        batcher = make([FakeInstance()])
+        async with batcher:
+            pass
+        with pytest.raises(UnavailableError, match="not accepting requests"):
+            batcher.submit_many([1], [0], [RecordedAnswer()])
 
     run(scenario())

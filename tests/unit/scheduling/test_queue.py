@@ -237,3 +237,30 @@ def test_the_queue_never_holds_more_than_max_queue_size_and_every_request_leaves
         taken.extend(queue.decide(now).batch)
     # every accepted request leaves exactly once
     assert len(taken) + sum(1 for i in accepted if i.removed) >= len(accepted)
+
+
+def _items(queue: RequestQueue[Named], now: int, count: int, timeout_us: int | None = None) -> list[Named]:
+    level = queue.level_for(0)
+    return [Named(cost=1, signature="s", level=level, enqueued_ns=now,
+                  deadline_ns=queue.deadline_for(level, now, timeout_us), name=str(index)) for index in range(count)]
+
+
+def test_push_many_queues_in_order_as_much_as_max_queue_size_lets_in() -> None:
+    queue = make_queue(default_queue_policy=QueuePolicy(max_queue_size=3), max_queue_delay_microseconds=0)
+    push(queue, 0, name="before")
+    items = _items(queue, 0, 4)
+    assert queue.push_many(items) == 2  # one place was taken: two of the four fit
+    assert len(queue) == 3 and queue.queued_cost == 3
+    assert [item.name for item in queue.decide(0).batch] == ["before", "0", "1"]
+    assert queue.push_many(items[2:]) == 2  # room again
+    assert queue.push_many([]) == 0
+
+
+def test_push_many_times_out_each_request_as_push_does() -> None:
+    queue = make_queue(default_queue_policy=QueuePolicy(default_timeout_microseconds=50),
+                       max_queue_delay_microseconds=10**9)
+    items = _items(queue, 0, 3)
+    assert queue.push_many(items) == 3
+    assert queue.decide(40 * US).wake_at_ns == 50 * US
+    assert set(queue.decide(60 * US).expired) == set(items)
+    assert len(queue) == 0
