@@ -15,6 +15,7 @@ per-call machinery (perf/README.md); this one has no task or Future per call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ _END_STREAM, _END_HEADERS, _PADDED = int(Flag.END_STREAM), int(Flag.END_HEADERS)
 _ACK, _PRIORITY_FLAG = int(Flag.ACK), int(Flag.PRIORITY)
 #: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
 _SELF_DEPENDENT = 0x100
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
 class GrpcConnection(ControlFrames):
@@ -65,6 +67,7 @@ class GrpcConnection(ControlFrames):
         limits = self._limits
         self._buffer = bytearray()
         self._blocks = HeaderBlocks(limits.max_header_list)
+        self._routes = calls.routes
         self._header_block: PartialBlock | None = None
         self._recv_window = limits.connection_window
         self._recv_unacked = 0
@@ -86,7 +89,7 @@ class GrpcConnection(ControlFrames):
         self._sender.blocked.clear()
         for stream in streams:
             self._forget(stream)
-            self._calls.reset(self, stream)
+            stream.handler.reset(self, stream)
         self._calls.closed(self)
 
     # -- frames in -----------------------------------------------------------------------
@@ -210,11 +213,10 @@ class GrpcConnection(ControlFrames):
         """Calls whose client finished sending in the read just handled start now, unless
         the same read reset them (rapid reset then costs no request started and withdrawn)."""
         ended, self._ended = self._ended, []
-        end = self._calls.end
         for stream in ended:
             if stream.state is StreamState.HALF_CLOSED_REMOTE:
                 try:
-                    end(self, stream)
+                    stream.handler.end(self, stream)
                 except Exception as exc:
                     self._call_failed(stream.id, exc)
 
@@ -269,7 +271,7 @@ class GrpcConnection(ControlFrames):
     def _deliver(self, stream: GrpcStream, message: bytes) -> None:
         if stream.streaming:
             stream.backlog += 1
-        self._calls.message(self, stream, message)
+        stream.handler.message(self, stream, message)
 
     def _inflated(self, stream: GrpcStream, result: bytes | BaseException) -> None:
         if stream.state is StreamState.CLOSED:
@@ -374,14 +376,16 @@ class GrpcConnection(ControlFrames):
     def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
         stream = self.streams.get(stream_id)
         trailers = stream is not None or stream_id <= self._last_stream_id
-        try:
-            headers = self._blocks.decode(block, trailers=trailers)
-        except CompressionFailure as exc:
-            raise ConnectionFailure(ErrorCode.COMPRESSION_ERROR, str(exc)) from exc
-        except MalformedHeaders as exc:
-            _log.debug("gRPC: stream %d: malformed headers: %s", stream_id, exc)
-            self._last_stream_id = max(self._last_stream_id, stream_id)
-            raise StreamFailure(stream_id, ErrorCode.PROTOCOL_ERROR) from exc
+        headers = self._blocks.known.get(block)  # a block seen before is not decoded again
+        if headers is None:
+            try:
+                headers = self._blocks.decode(block, trailers=trailers)
+            except CompressionFailure as exc:
+                raise ConnectionFailure(ErrorCode.COMPRESSION_ERROR, str(exc)) from exc
+            except MalformedHeaders as exc:
+                _log.debug("gRPC: stream %d: malformed headers: %s", stream_id, exc)
+                self._last_stream_id = max(self._last_stream_id, stream_id)
+                raise StreamFailure(stream_id, ErrorCode.PROTOCOL_ERROR) from exc
         if trailers:  # the client's trailers, or a stream that is closed
             if stream is None or stream.state is not StreamState.OPEN:
                 raise StreamFailure(stream_id, ErrorCode.STREAM_CLOSED)
@@ -396,6 +400,7 @@ class GrpcConnection(ControlFrames):
             self._refuse_stream(stream_id)
             return
         stream = GrpcStream(stream_id, headers, self._sender.peer_stream_window, self._limits.stream_window)
+        stream.handler = self._routes.get(headers[b":path"], self._calls)
         self.streams[stream_id] = stream
         encoding = headers.get(b"grpc-encoding")
         if encoding is not None and encoding != b"identity":
@@ -403,9 +408,28 @@ class GrpcConnection(ControlFrames):
                 self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
                 return
             stream.inflate = encoding.decode()
-        self._calls.open(self, stream)
+        timeout = headers.get(b"grpc-timeout")
+        if timeout is not None and not self._set_deadline(stream, timeout):
+            return
+        stream.handler.open(self, stream)
         if flags & _END_STREAM:
             self._remote_end(stream)
+
+    def _set_deadline(self, stream: GrpcStream, value: bytes) -> bool:
+        """Time the call's grpc-timeout ("100m": 0.1 s); past it the call is reset and the
+        client told DEADLINE_EXCEEDED. False, the call refused, when it does not parse."""
+        unit = _TIMEOUT_UNITS.get(value[-1:])
+        if unit is None or not value[:-1].isdigit() or len(value) > 9:
+            self.finish(stream, Status.INTERNAL, f"Invalid grpc-timeout {value.decode('latin-1')!r}")
+            return False
+        stream.deadline = asyncio.get_running_loop().call_later(int(value[:-1]) * unit, self._expire, stream)
+        return True
+
+    def _expire(self, stream: GrpcStream) -> None:
+        stream.deadline = None
+        if stream.state is not StreamState.CLOSED:
+            stream.handler.reset(self, stream)
+            self.finish(stream, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     # -- answers ---------------------------------------------------------------------------
 
@@ -420,6 +444,8 @@ class GrpcConnection(ControlFrames):
         """The stream is closed: its budget goes back, its writer wakes."""
         stream.state = StreamState.CLOSED
         self._sender.blocked.pop(stream.id, None)
+        if stream.deadline is not None:
+            stream.deadline.cancel()
         if stream.unacked and self.state is not ConnectionState.CLOSED:
             self._give_connection_window(stream.unacked)
             stream.unacked = 0
@@ -443,7 +469,7 @@ class GrpcConnection(ControlFrames):
     def _reset_by_client(self, stream: GrpcStream) -> None:
         del self.streams[stream.id]
         self._forget(stream)
-        self._calls.reset(self, stream)
+        stream.handler.reset(self, stream)
 
     def _stream_error(self, stream_id: int, code: int) -> None:
         """RST_STREAM ``code``; the stream's call, if any, is reset."""
@@ -451,12 +477,12 @@ class GrpcConnection(ControlFrames):
         self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(code)))
         if stream is not None:
             self._forget(stream)
-            self._calls.reset(self, stream)
+            stream.handler.reset(self, stream)
 
     def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
         """A stream the transport cannot go on with: the call is cancelled, the client gets
         ``status``."""
-        self._calls.reset(self, stream)
+        stream.handler.reset(self, stream)
         stream.pending.clear()
         stream.pending_bytes = 0
         self.finish(stream, status, message)

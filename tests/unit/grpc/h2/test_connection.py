@@ -79,6 +79,7 @@ class RecordingCalls:
         self.messages: dict[int, list[bytes]] = {}
         self.on_end: Any = None
         self.closed_connections = 0
+        self.routes: dict[bytes, Any] = {}
 
     def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
         self.events.append(("open", stream.id, stream.headers))
