@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
-from nereid.grpc.h2.control import PingPolicy
 from nereid.grpc.h2.limits import TransportLimits
 from nereid.grpc.h2.stream import GrpcStream
 from nereid.network.request_budget import RequestBudget
 
 if TYPE_CHECKING:
     from nereid.grpc.h2.connection import GrpcConnection
+    from nereid.grpc.h2.control import PingPolicy
 
 __all__ = ["CallHandler", "Calls", "Status"]
 

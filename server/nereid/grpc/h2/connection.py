@@ -2,11 +2,13 @@
 
 Three layers of one object (RFC 9113 and gRPC's "PROTOCOL-HTTP2"): ``lifecycle``
 (state, opening, timers, closing), ``control`` (SETTINGS, WINDOW_UPDATE, PING,
-RST_STREAM, GOAWAY and their allowances) and this module: the frames that carry calls.
+RST_STREAM, GOAWAY and their allowances; calls the transport ends, grpc-timeout
+included) and this module: the frames that carry calls.
 HEADERS/CONTINUATION open a stream (``headers``), DATA is cut into gRPC's length-prefixed
 messages (``compression`` inflates), each charged to the server's ``RequestBudget`` until
 its call is answered (one of at most ``SMALL_REQUEST`` bytes is only counted), and the
-client's window is given back as they are taken. The ``Calls`` object (``native.py``) is
+client's window is given back as they are taken. Each stream's ``CallHandler`` (the
+route of its ``:path`` in ``Calls.routes``, else the ``Calls`` object, ``native.py``) is
 told ``open``, ``message``, ``end`` and ``reset``, and answers with ``respond`` (one
 socket write when the windows allow), ``send_message`` and ``finish``: the Sender's.
 grpcio's asyncio server spent about four fifths of nereid's CPU per ModelInfer on its own
@@ -15,7 +17,6 @@ per-call machinery (perf/README.md); this one has no task or Future per call.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable
 
@@ -23,8 +24,7 @@ from nereid.grpc.h2.calls import Calls, Status
 from nereid.grpc.h2.compression import INLINE_INFLATE, TooLarge, inflate, inflate_cap
 from nereid.grpc.h2.control import ControlFrames, PingPolicy
 from nereid.grpc.h2.frames import (
-    FRAME_HEADER, MESSAGE_PREFIX, PREFACE, U32, ConnectionFailure, ErrorCode, Flag, FrameType, StreamFailure, frame,
-    unpad,
+    FRAME_HEADER, MESSAGE_PREFIX, PREFACE, U32, ConnectionFailure, ErrorCode, Flag, FrameType, StreamFailure, frame, unpad,
 )
 from nereid.grpc.h2.headers import CompressionFailure, HeaderBlocks, MalformedHeaders, PartialBlock
 from nereid.grpc.h2.lifecycle import ConnectionState, Keepalive
@@ -47,7 +47,6 @@ _END_STREAM, _END_HEADERS, _PADDED = int(Flag.END_STREAM), int(Flag.END_HEADERS)
 _ACK, _PRIORITY_FLAG = int(Flag.ACK), int(Flag.PRIORITY)
 #: not a wire flag: a HEADERS frame whose priority names its own stream (a stream error)
 _SELF_DEPENDENT = 0x100
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
 class GrpcConnection(ControlFrames):
@@ -415,22 +414,6 @@ class GrpcConnection(ControlFrames):
         if flags & _END_STREAM:
             self._remote_end(stream)
 
-    def _set_deadline(self, stream: GrpcStream, value: bytes) -> bool:
-        """Time the call's grpc-timeout ("100m": 0.1 s); past it the call is reset and the
-        client told DEADLINE_EXCEEDED. False, the call refused, when it does not parse."""
-        unit = _TIMEOUT_UNITS.get(value[-1:])
-        if unit is None or not value[:-1].isdigit() or len(value) > 9:
-            self.finish(stream, Status.INTERNAL, f"Invalid grpc-timeout {value.decode('latin-1')!r}")
-            return False
-        stream.deadline = asyncio.get_running_loop().call_later(int(value[:-1]) * unit, self._expire, stream)
-        return True
-
-    def _expire(self, stream: GrpcStream) -> None:
-        stream.deadline = None
-        if stream.state is not StreamState.CLOSED:
-            stream.handler.reset(self, stream)
-            self.finish(stream, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
     # -- answers ---------------------------------------------------------------------------
 
     async def writable(self, stream: GrpcStream) -> None:
@@ -465,34 +448,3 @@ class GrpcConnection(ControlFrames):
             self._write(frame(FrameType.RST_STREAM, 0, stream.id, U32.pack(ErrorCode.NO_ERROR)))
         if self.state is ConnectionState.DRAINING and not self.streams:
             self.close()
-
-    def _reset_by_client(self, stream: GrpcStream) -> None:
-        del self.streams[stream.id]
-        self._forget(stream)
-        stream.handler.reset(self, stream)
-
-    def _stream_error(self, stream_id: int, code: int) -> None:
-        """RST_STREAM ``code``; the stream's call, if any, is reset."""
-        stream = self.streams.pop(stream_id, None)
-        self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(code)))
-        if stream is not None:
-            self._forget(stream)
-            stream.handler.reset(self, stream)
-
-    def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
-        """A stream the transport cannot go on with: the call is cancelled, the client gets
-        ``status``."""
-        stream.handler.reset(self, stream)
-        stream.pending.clear()
-        stream.pending_bytes = 0
-        self.finish(stream, status, message)
-
-    def _call_failed(self, stream_id: int, exc: Exception) -> None:
-        """An exception while handling a frame (a bug): the call on that stream fails with
-        INTERNAL, the connection goes on; one on the connection itself closes it."""
-        _log.error("gRPC: handling a frame of stream %d failed", stream_id, exc_info=exc)
-        stream = self.streams.get(stream_id)
-        if stream is not None and stream.state is not StreamState.CLOSED:
-            self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
-        elif not stream_id:
-            self._fail(ErrorCode.INTERNAL_ERROR, "internal error")

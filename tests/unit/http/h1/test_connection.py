@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from nereid.http.app import NereidApp
 from nereid.http.h1.server import NativeServer, ShortcutCounters
-from nereid.http.h1.connection import LINGER_S, MAX_PIPELINED, TRANSITIONS, ConnectionState
+from nereid.http.h1.connection import LINGER_S, MAX_PIPELINED
+from nereid.http.h1.state import TRANSITIONS, ConnectionState
 from tests.unit.native_harness import NativeHarness, StubEndpoints, get, infer, responses, split_at, stub_asgi
 
 T = TypeVar("T")
