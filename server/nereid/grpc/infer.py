@@ -12,6 +12,7 @@ decided the same the first time. ``status_of`` is the gRPC status of a NereidErr
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -79,7 +80,6 @@ def status_of(error: NereidError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-
 class ModelInfer:
     """ModelInfer on one server: its models (``manager``), shared memory and the tables
     (with their memo) made once per model version from its config."""
@@ -139,7 +139,9 @@ class _InferCall:
 
     __slots__ = ("serving", "tables", "regions", "on_response", "request", "lease")
 
-    def __init__(self, serving: ServingModel, tables: GrpcModelTables, regions: SharedMemoryManager, on_response: OnResponse) -> None:
+    def __init__(
+        self, serving: ServingModel, tables: GrpcModelTables, regions: SharedMemoryManager, on_response: OnResponse,
+    ) -> None:
         self.serving = serving
         self.tables = tables
         self.regions = regions
@@ -227,9 +229,7 @@ class ModelInferCalls:
                 connection.respond(stream, response)
             elif isinstance(error, NereidError):
                 connection.finish(stream, status_of(error).value[0], error.message)
-            elif not isinstance(error, Exception):  # the CancelledError of a withdrawn ticket
-                return
-            else:
+            elif not isinstance(error, asyncio.CancelledError):  # cancelled: withdrawn, nobody waits
                 _log.error("gRPC: ModelInfer failed", exc_info=error)
                 connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
 
