@@ -2,9 +2,10 @@
 decoupled model, step by step: ``run_stream`` and its three kinds of model (a generator
 ``infer``, an async generator ``infer``, a decoupled TritonPythonModel).
 
-Kept apart from ``thread.py``, whose batches are what one infer request crosses: a
-decoupled model's batches never go through there. Knows nothing about queues, scheduling
-or HTTP; whatever model code raises comes back in the outcome (model_errors.py).
+Kept apart from ``thread.py``, which holds what one infer request of a model that is not
+decoupled crosses (``run_batch``), so that a reader of that path need not skip over this.
+Knows nothing about queues, scheduling or HTTP; whatever model code raises comes back in
+the outcome (model_errors.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ arriving in CONTINUATION frames.
 Clients send the same header block for call after call (grpc-core indexes its headers once,
 then refers to them). A block seen before is not decoded again while the decoder's table
 is the same as when it was decoded; the table counts its changes (``version``), so any
-insertion, a re-insertion of the newest entry included, or a resize invalidates the cache.
+insertion, a re-insertion of the newest entry included, or a resize empties the cache
+(``known``) as the decoding that made it ends, however it ends: what ``known`` holds is
+always valid, and the connection looks a block up there before it calls ``decode``.
 Only small blocks are kept, and only a few of them: the cache stays a few kilobytes per
 connection.
 """
