@@ -2,11 +2,11 @@
 """The native gRPC engine's own cost per ModelInfer, in process: from the bytes received to
 the answer written, without the batcher or the model.
 
-One ``GrpcConnection`` on a fake transport, its Calls the real ``NativeGrpcServer``, whose
-ModelInfer path decodes the request (``decode_request``), "runs" the add_one model at
-once (the answer's outputs are made in place of a batch) and encodes the response
-(``encode_response``): the connection, its header-block cache, the Sender, the call
-routing and the codec, which is the gRPC side of a request's path. Each call is one
+One ``GrpcConnection`` on a fake transport, its Calls the real ``NativeGrpcServer`` and
+its ModelInfer the real ``infer.ModelInfer`` (memo included, where the tree has one),
+whose served version "runs" the add_one model at once (the answer's outputs are made in
+place of a batch): the connection, its header-block cache, the Sender, the call routing
+and the infer path's decode and encode, which is the gRPC side of a request's path. Each call is one
 tritonclient-shaped ModelInferRequest (INT64 [1, 1], raw_input_contents) on a new stream,
 HEADERS and DATA with END_STREAM in one read, followed by a WINDOW_UPDATE (giving back what
 the answer took) and a PING, as grpc-core clients send them.
@@ -46,10 +46,13 @@ def _measure(calls: int) -> float:
     from nereid.options import ServerOptions
     from nereid.tensors.tables import ModelTables
 
+    from nereid.grpc.infer import ModelInfer
+    from nereid.tensors.shared_memory import SharedMemoryManager
+
     try:
-        from nereid.grpc.infer import decode_request, encode_response
-    except ImportError:  # the tree before issue 28's split
-        from nereid.grpc.codec import decode_request, encode_response  # type: ignore[no-redef]
+        from nereid.grpc.infer_messages import decode_request, encode_response
+    except ImportError:  # the tree before the memo (codec in grpc/infer.py)
+        from nereid.grpc.infer import decode_request, encode_response  # type: ignore[attr-defined, no-redef]
 
     config = load_model_config(ROOT / "model_repository" / "add_one" / "config.toml", "add_one")
     tables = ModelTables.for_config(config)
@@ -60,17 +63,23 @@ def _measure(calls: int) -> float:
 
     ticket = Ticket()
 
-    def start(request: Any, received_ns: int, answer: Any) -> Ticket:
-        decoded = decode_request(request, tables, 1, None)
-        outputs = {"OUTPUT0": decoded.inputs["INPUT0"] + 1}
-        answer(encode_response(outputs, decoded, tables, 1, None, None), None)
-        return ticket
+    class Serving:
+        """add_one's served version, whose batch is run at once (its outputs made in place)."""
+
+        name, version, labels, config = "add_one", 1, None, load_model_config(
+            ROOT / "model_repository" / "add_one" / "config.toml", "add_one")
+
+        def submit(self, request: Any, received_ns: int, answer: Any) -> Ticket:
+            answer({"OUTPUT0": request.inputs["INPUT0"] + 1}, None)
+            return ticket
 
     from types import SimpleNamespace
 
+    serving = Serving()
+    manager = SimpleNamespace(latest={"add_one": serving}, get=lambda name, version: serving)
+
     class Service:
-        start_infer = staticmethod(start)  # the tree before issue 28's split
-        infer = SimpleNamespace(start=start)
+        infer = ModelInfer(manager, SharedMemoryManager())  # type: ignore[arg-type]
 
         def __getattr__(self, name: str) -> Any:
             return lambda request, context: None

@@ -167,7 +167,7 @@ class H2GrpcConnection(asyncio.Protocol):
         self._trailers.clear()
         for stream in streams:
             stream.state = StreamState.CLOSED
-            self._calls.reset(self, stream)
+            stream.handler.reset(self, stream)
             if stream.drained is not None:
                 stream.drained.set()
         self._calls.closed(self)
@@ -210,6 +210,7 @@ class H2GrpcConnection(asyncio.Protocol):
         stream = GrpcStream(
             stream_id, headers, self._h2.remote_settings.initial_window_size, self._limits.stream_window,
         )
+        stream.handler = self._calls.routes.get(headers.get(b":path", b""), self._calls)
         self.streams[stream_id] = stream
         encoding = headers.get(b"grpc-encoding")
         if encoding is not None and encoding != b"identity":
@@ -217,7 +218,7 @@ class H2GrpcConnection(asyncio.Protocol):
                 self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
                 return
             stream.inflate = encoding.decode()
-        self._calls.open(self, stream)
+        stream.handler.open(self, stream)
 
     def _on_data(self, event: ev.DataReceived) -> None:
         stream_id = event.stream_id
@@ -283,7 +284,7 @@ class H2GrpcConnection(asyncio.Protocol):
                 except ValueError as exc:
                     self._calls_error(stream, Status.RESOURCE_EXHAUSTED if "larger" in str(exc) else Status.INTERNAL, str(exc))
                     return end
-            self._calls.message(self, stream, message)
+            stream.handler.message(self, stream, message)
         return position
 
     @staticmethod
@@ -308,7 +309,7 @@ class H2GrpcConnection(asyncio.Protocol):
         if stream.inbox:
             self._calls_error(stream, Status.INTERNAL, "Incomplete gRPC message at the end of the stream")
             return
-        self._calls.end(self, stream)
+        stream.handler.end(self, stream)
 
     def _on_reset(self, event: ev.StreamReset) -> None:
         if event.remote_reset and not self._spend("RST_STREAM"):
@@ -320,7 +321,7 @@ class H2GrpcConnection(asyncio.Protocol):
             stream.state = StreamState.CLOSED
             if stream.drained is not None:
                 stream.drained.set()
-            self._calls.reset(self, stream)
+            stream.handler.reset(self, stream)
 
     def _on_window(self, event: ev.WindowUpdated) -> None:
         if event.stream_id:
@@ -504,10 +505,10 @@ class H2GrpcConnection(asyncio.Protocol):
         self._trailers.pop(stream.id, None)
         if stream.drained is not None:
             stream.drained.set()
-        self._calls.reset(self, stream)
+        stream.handler.reset(self, stream)
 
     def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
-        self._calls.reset(self, stream)
+        stream.handler.reset(self, stream)
         stream.pending.clear()
         stream.pending_bytes = 0
         self.finish(stream, status, message)

@@ -1,26 +1,31 @@
-"""ModelInfer, gRPC's one infer path: decode, submit, encode (both gRPC engines use it).
+"""ModelInfer, gRPC's one infer path: decode, submit, encode (both gRPC engines use it);
+``ModelInferCalls``, its calls on the native engine; ``InferMemo``, what it remembers of
+a steady client's requests and answers.
 
 ``ModelInfer.start`` takes a ModelInferRequest to the model's batcher and, from the batch
-that answers it, encodes the ModelInferResponse. ``decode_request`` makes the
-InferRequest a ModelInferRequest means: inputs come as
-``raw_input_contents`` (one blob per input, in order), typed ``contents``, or a shared
-memory region; they are checked by the same ``ConfigRules`` and made into arrays by the
-same ``wire_inputs.to_array`` as HTTP's, so a request means the same on both surfaces.
-Outputs go out in the model's order as ``raw_output_contents`` (an empty entry for one
-written to shared memory, so the lists stay aligned), as Triton does. ``status_of`` is
-the gRPC status of a NereidError.
+that answers it, answers the serialized ModelInferResponse. A request the memo knows
+(everything but its raw input contents as before, byte for byte) is made from its plan,
+and an answer shaped like one before is its remembered bytes with the new output blobs:
+neither goes through the full decoder and encoder (``infer_messages``), whose checks
+decided the same the first time. ``status_of`` is the gRPC status of a NereidError.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+import time
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from nereid.datatypes import BY_WIRE_NAME, DATATYPES
+from nereid.config.schema import ModelConfig
+from nereid.datatypes import BY_WIRE_NAME
 from nereid.errors import (
     ExecutionTimeoutError,
     InternalError,
@@ -34,26 +39,24 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.inference import InferRequest, ParameterValue, RequestedOutput, SequenceFlags
+from nereid.grpc.h2.calls import Status
+from nereid.grpc.h2.connection import GrpcConnection
+from nereid.grpc.h2.stream import GrpcStream
+from nereid.grpc.infer_messages import decode_request, encode_response
+from nereid.inference import InferRequest, ParameterValue, RequestedOutput
 from nereid.models.admin import parse_version
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.models.serving import Ticket
-from nereid.tensors import wire_inputs
-from nereid.tensors import wire_outputs
-from nereid.tensors.shared_memory import SharedMemoryManager
+from nereid.tensors import wire_inputs, wire_outputs
+from nereid.tensors.shared_memory import RegionLease, SharedMemoryManager
 from nereid.tensors.tables import ModelTables
 
-__all__ = ["ModelInfer", "OnResponse", "decode_request", "encode_response", "status_of"]
+__all__ = ["GrpcModelTables", "InferMemo", "ModelInfer", "ModelInferCalls", "OnResponse", "status_of"]
 
-#: How ``ModelInfer.start`` answers: (the ModelInferResponse, None) or (None, the error).
+_log = logging.getLogger("nereid")
+
+#: How ``ModelInfer.start`` answers: (the serialized ModelInferResponse, None) or (None, the error).
 OnResponse = Callable[[Any, "BaseException | None"], None]
-
-#: The typed ``contents`` field of each datatype.
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
 
 _STATUS: tuple[tuple[type[NereidError], grpc.StatusCode], ...] = (
     (ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -79,18 +82,18 @@ def status_of(error: NereidError) -> grpc.StatusCode:
 
 class ModelInfer:
     """ModelInfer on one server: its models (``manager``), shared memory and the tables
-    made once per model version from its config."""
+    (with their memo) made once per model version from its config."""
 
     def __init__(self, manager: ModelManager, shm: SharedMemoryManager) -> None:
         self.manager = manager
         self.shm = shm
-        self._tables: weakref.WeakKeyDictionary[ServingModel, ModelTables] = weakref.WeakKeyDictionary()
+        self._tables: weakref.WeakKeyDictionary[ServingModel, GrpcModelTables] = weakref.WeakKeyDictionary()
 
-    def tables(self, serving: ServingModel) -> ModelTables:
+    def tables(self, serving: ServingModel) -> GrpcModelTables:
         """The version's tables, made once (held weakly: they go with the version)."""
         tables = self._tables.get(serving)
         if tables is None:
-            tables = self._tables[serving] = ModelTables.for_config(serving.config)
+            tables = self._tables[serving] = GrpcModelTables.for_config(serving.config)
         return tables
 
     def serving(self, request: Any) -> ServingModel:
@@ -101,11 +104,12 @@ class ModelInfer:
             serving = self.manager.get(request.model_name, parse_version(version) if version else None)
         return serving
 
-    def start(self, request: Any, received_ns: int, answer: OnResponse) -> Ticket:
+    def start(self, request: Any, received_ns: int, answer: OnResponse, data: bytes | None = None) -> Ticket:
         """Decode, queue, and (from the batch that answers it) encode.
-        ``answer(response, error)`` is called once (error: a NereidError, or the
-        CancelledError of a withdrawn ticket); what is refused before queueing raises
-        NereidError instead. ``ticket.withdraw()`` if the caller goes away."""
+        ``answer(response, error)`` is called once with the serialized response (error: a
+        NereidError, or the CancelledError of a withdrawn ticket); what is refused before
+        queueing raises NereidError instead. ``ticket.withdraw()`` if the caller goes
+        away. ``data``: the request's bytes as received, for the memo (None: not kept)."""
         serving = self.serving(request)
         if serving.config.decoupled:
             raise UnsupportedError(
@@ -113,232 +117,317 @@ class ModelInfer:
                 "use ModelStreamInfer"
             )
         tables = self.tables(serving)
-        lease = self.shm.lease()
-
-        def on_answer(outputs: Any, error: BaseException | None) -> None:
-            response = None
-            try:
-                if error is None:
-                    response = encode_response(outputs, infer_request, tables, serving.version, serving.labels, lease.write)
-            except NereidError as exc:
-                error = exc
-            finally:
-                lease.release()
-            answer(response, error)
-
+        call = _InferCall(serving, tables, self.shm, answer)
+        memo = tables.memo
+        key = memo.request_key(request, data) if data is not None else None
         try:
-            infer_request = decode_request(request, tables, serving.version, lease.resolve)
-            return serving.submit(infer_request, received_ns, on_answer)
+            infer_request = memo.request(key, request, serving.version) if key is not None else None
+            if infer_request is None:
+                infer_request = decode_request(request, tables, serving.version, call.resolve_shm)
+                if key is not None:
+                    memo.learn_request(key, request, infer_request)
+            call.request = infer_request
+            return serving.submit(infer_request, received_ns, call.answer)
         except BaseException:
-            lease.release()
+            call.release()
             raise
 
 
-def decode_request(
-    message: service_pb2.ModelInferRequest, codec: ModelTables, version: int, resolve_shm: Any
-) -> InferRequest:
-    """The InferRequest a ModelInferRequest means, checked against the model's config.
-    Raises NereidError (InvalidInputError for what the client got wrong)."""
-    name = message.model_name
-    prefix = f"[request id: {message.id or '<id_unknown>'}] "
-    raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidInputError(
-            f"{prefix}expected {len(message.inputs)} raw input contents (one per input) for model '{name}', "
-            f"got {len(raw)}",
-            model=name,
-        )
-    parsed: dict[str, wire_inputs.WireInput] = {}
-    for index, tensor in enumerate(message.inputs):
-        parsed[tensor.name] = _input(tensor, raw[index] if raw else None, parsed, name, prefix, resolve_shm)
-    rules = codec.rules
-    names, rows = rules.check_request(parsed, name, prefix)
-    checked = {}
-    for input_name in names:
-        item = parsed[input_name]
-        rules.check_input(input_name, item, name, prefix)
-        checked[input_name] = wire_inputs.to_array(item, name, prefix)
-    arrays = checked if len(names) == 1 else {input_name: checked[input_name] for input_name in parsed}
-    priority, timeout_us, custom, sequence = _parameters(message.parameters)
-    outputs = _requested_outputs(message, codec, name, prefix, resolve_shm) if message.outputs else None
-    return InferRequest(
-        model_name=name, inputs=arrays, rows=rows, id=message.id, model_version=version, outputs=outputs,
-        parameters=custom, priority=priority, timeout_us=timeout_us, binary_data_output=True, sequence=sequence,
-    )
+class _InferCall:
+    """One request on its way through the model; ``answer`` encodes its outcome. A lease
+    on the server's shared-memory regions is taken only when the request names one."""
 
+    __slots__ = ("serving", "tables", "regions", "on_response", "request", "lease")
 
-def _input(
-    tensor: Any, blob: bytes | None, parsed: Mapping[str, wire_inputs.WireInput], model: str, prefix: str,
-    resolve_shm: Any,
-) -> wire_inputs.WireInput:
-    name = tensor.name
-    if name in parsed:
-        raise InvalidInputError(f"{prefix}input '{name}' already exists in request", model=model, input=name)
-    dt = BY_WIRE_NAME.get(tensor.datatype)
-    if dt is None:
-        raise InvalidInputError(
-            f"invalid datatype for input {name}: '{tensor.datatype}' is not one of "
-            f"{', '.join(t.wire_name for t in DATATYPES)} (model '{model}')",
-            model=model, input=name,
-        )
-    shape = tuple(tensor.shape)
-    has_contents = tensor.HasField("contents")
-    region = tensor.parameters.get("shared_memory_region")
-    if blob is not None:
-        if has_contents:
-            raise InvalidInputError(
-                f"{prefix}contents field must not be specified when using raw_input_contents for '{name}' for "
-                f"model '{model}'",
-                model=model, input=name,
-            )
-        return wire_inputs.WireInput(name, dt, shape, wire_inputs.BINARY, blob, 0, len(blob))
-    if region is not None:
-        offset = tensor.parameters["shared_memory_offset"].int64_param if "shared_memory_offset" in tensor.parameters else 0
-        size = tensor.parameters["shared_memory_byte_size"].int64_param if "shared_memory_byte_size" in tensor.parameters else 0
+    def __init__(
+        self, serving: ServingModel, tables: GrpcModelTables, regions: SharedMemoryManager, on_response: OnResponse,
+    ) -> None:
+        self.serving = serving
+        self.tables = tables
+        self.regions = regions
+        self.on_response = on_response
+        self.request: InferRequest
+        self.lease: RegionLease | None = None
+
+    def resolve_shm(self, region: str, offset: int, byte_size: int) -> memoryview:
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        return self.lease.resolve(region, offset, byte_size)
+
+    def write_shm(self, region: str, offset: int, data: Any) -> None:
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        self.lease.write(region, offset, data)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+    def answer(self, outputs: Any, error: BaseException | None) -> None:
+        response = None
         try:
-            view = resolve_shm(region.string_param, offset, size)
-        except KeyError:
-            raise ModelNotFoundError(f"Unable to find shared memory region: '{region.string_param}'") from None
-        return wire_inputs.WireInput(name, dt, shape, wire_inputs.SHM, view, 0, view.nbytes)
-    if has_contents:
-        field = _CONTENTS_FIELD.get(dt.wire_name)
-        if field is None:
-            raise InvalidInputError(
-                f"{prefix}{dt.wire_name} data for input '{name}' of model '{model}' must be sent in "
-                "raw_input_contents (it has no typed contents field)",
-                model=model, input=name,
-            )
-        values = list(getattr(tensor.contents, field))
-        if dt.is_bytes:
-            return wire_inputs.WireInput(name, dt, shape, wire_inputs.JSON, values, 0, 4 * len(values) + sum(map(len, values)))
-        array = np.asarray(values, dtype=dt.numpy)
-        expected = int(np.prod(shape, dtype=np.int64)) if shape else 0
-        if array.size != expected:
-            raise InvalidInputError(
-                f"{prefix}unexpected number of elements for inference input '{name}' for model '{model}': "
-                f"expected {expected}, got {array.size}",
-                model=model, input=name,
-            )
-        return wire_inputs.WireInput(name, dt, shape, wire_inputs.JSON, array, 0, array.nbytes)
-    raise InvalidInputError(
-        f"{prefix}input '{name}' for model '{model}' has no data: send it in raw_input_contents, in contents, "
-        "or in a shared memory region",
-        model=model, input=name,
-    )
+            if error is None:
+                response = self._encode(outputs)
+        except NereidError as exc:
+            error = exc
+        finally:
+            self.release()
+        self.on_response(response, error)
+
+    def _encode(self, outputs: Mapping[str, Any]) -> bytes:
+        """The serialized response: from the memo when its shape is known, else the full
+        encoder's (which the memo learns from)."""
+        serving, request, memo = self.serving, self.request, self.tables.memo
+        data = memo.answer(request, outputs, serving.version)
+        if data is None:
+            response = encode_response(outputs, request, self.tables, serving.version, serving.labels, self.write_shm)
+            data = response.SerializeToString()
+            memo.learn_answer(request, outputs, serving.version, response, data, self.tables)
+        return data
 
 
-def _value(parameter: Any) -> ParameterValue:
-    kind = parameter.WhichOneof("parameter_choice")
-    return getattr(parameter, kind) if kind is not None else ""
+class ModelInferCalls:
+    """ModelInfer's calls on the native engine (an ``h2.calls.CallHandler``, routed to by
+    ``:path``): the request's bytes go to ``ModelInfer.start`` when the client ends its
+    side, and the answer back through ``GrpcConnection.respond``. No task, Future or
+    context per call; ``stream.call`` is the call's ``_UnaryCall``."""
 
+    def __init__(self, infer: ModelInfer) -> None:
+        self._start = infer.start
 
-def _parameters(parameters: Any) -> tuple[int, int | None, dict[str, ParameterValue], SequenceFlags | None]:
-    """(priority, timeout in µs, custom parameters, sequence parameters) of a request
-    (Triton's interpreted keys)."""
-    priority, timeout_us = 0, None
-    custom: dict[str, ParameterValue] = {}
-    sequence: dict[str, Any] = {}
-    for key, parameter in parameters.items():
-        value = _value(parameter)
-        if key == "priority":
-            priority = int(value)
-        elif key == "timeout":
-            timeout_us = int(value)
-        elif key == "sequence_id":
-            kind = parameter.WhichOneof("parameter_choice")
-            if kind not in ("int64_param", "string_param"):
-                raise InvalidInputError(
-                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
-            # an int64 is Triton's uint64 correlation id, bit for bit
-            sequence["id"] = value if isinstance(value, str) else int(value) % (1 << 64)
-        elif key == "sequence_start" or key == "sequence_end":
-            if parameter.WhichOneof("parameter_choice") != "bool_param":
-                raise InvalidInputError(f"invalid value type for '{key}' parameter, expected bool_param.")
-            sequence[key[len("sequence_"):]] = bool(value)
-        elif key == "binary_data_output":
-            continue
-        elif key == "triton_enable_empty_final_response":
-            continue  # the stream's to read (clients send it on every request)
-        elif key.startswith("triton_"):
-            raise InvalidInputError(
-                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
-            )
-        elif key != "headers":
-            custom[key] = value
-    return priority, timeout_us, custom, SequenceFlags(**sequence) if sequence else None
+    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        stream.call = _UnaryCall(time.monotonic_ns())
 
-
-def _requested_outputs(
-    message: Any, codec: ModelTables, model: str, prefix: str, resolve_shm: Any
-) -> tuple[RequestedOutput, ...]:
-    seen: set[str] = set()
-    result = []
-    for output in message.outputs:
-        name = output.name
-        if name in seen:
-            raise InvalidInputError(f"{prefix}output '{name}' already exists in request", model=model)
-        seen.add(name)
-        params = output.parameters
-        classes = int(_value(params["classification"])) if "classification" in params else 0
-        if "shared_memory_region" in params:
-            if classes:
-                raise InvalidInputError("Output can't set both 'shared_memory_region' and 'classification'")
-            region = str(_value(params["shared_memory_region"]))
-            offset = int(_value(params["shared_memory_offset"])) if "shared_memory_offset" in params else 0
-            size = int(_value(params["shared_memory_byte_size"])) if "shared_memory_byte_size" in params else 0
-            try:
-                resolve_shm(region, offset, size)
-            except KeyError:
-                raise ModelNotFoundError(f"Unable to find shared memory region: '{region}'") from None
-            result.append(RequestedOutput(name, shm_region=region, shm_byte_size=size, shm_offset=offset))
+    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
+        call: _UnaryCall | None = stream.call
+        if call is None:
+            return
+        if call.data is None:
+            call.data = data
         else:
-            result.append(RequestedOutput(name, binary_data=True, classification=classes))
-    for out in result:
-        if out.name not in codec.outputs:
-            missing = min(o.name for o in result if o.name not in codec.outputs)
-            raise InvalidInputError(f"unexpected inference output '{missing}' for model '{model}'", model=model)
-    return tuple(result)
+            self._fail(connection, stream, Status.UNIMPLEMENTED, "More than one request message in a unary call")
+
+    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _UnaryCall | None = stream.call
+        if call is None:
+            return
+        data, call.data = call.data, None
+        if data is None:
+            self._fail(connection, stream, Status.UNIMPLEMENTED, "No request message in a unary call")
+            return
+        try:
+            request = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            self._fail(connection, stream, Status.INTERNAL, "Unable to parse request")
+            return
+
+        def answer(response: bytes | None, error: BaseException | None) -> None:
+            if stream.call is not call:  # reset, or past its deadline
+                return
+            stream.call = call.ticket = None  # the ticket's callback refers back to the call: no cycle
+            if response is not None:
+                connection.respond(stream, response)
+            elif isinstance(error, NereidError):
+                connection.finish(stream, status_of(error).value[0], error.message)
+            elif not isinstance(error, asyncio.CancelledError):  # cancelled: withdrawn, nobody waits
+                _log.error("gRPC: ModelInfer failed", exc_info=error)
+                connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
+
+        try:
+            ticket = self._start(request, call.received_ns, answer, data)
+        except NereidError as exc:
+            self._fail(connection, stream, status_of(exc).value[0], exc.message)
+            return
+        if stream.call is call:
+            call.ticket = ticket
+
+    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _UnaryCall | None = stream.call
+        if call is None:
+            return
+        stream.call = None
+        if call.ticket is not None:
+            ticket, call.ticket = call.ticket, None
+            ticket.withdraw()
+
+    @staticmethod
+    def _fail(connection: GrpcConnection, stream: GrpcStream, status: int, message: str) -> None:
+        """End a call that never started running (nothing to withdraw)."""
+        stream.call = None
+        connection.finish(stream, status, message)
 
 
-def encode_response(
-    outputs: Mapping[str, Any], request: InferRequest, codec: ModelTables, version: int,
-    labels: Mapping[str, Any] | None, write_shm: Any,
-) -> service_pb2.ModelInferResponse:
-    """The ModelInferResponse of a request's outputs: the requested ones (or all), in the
-    model's order."""
-    model = request.model_name
-    response = service_pb2.ModelInferResponse(model_name=model, model_version=str(version), id=request.id)
-    wanted = {out.name: out for out in request.outputs} if request.outputs is not None else None
-    if wanted is not None:
-        missing = [name for name in wanted if name not in outputs]
-        if missing:
-            raise ModelExecutionError(
-                f"model '{model}' did not produce the requested output(s) {', '.join(map(repr, missing))}", model=model
+class _UnaryCall:
+    """A ModelInfer call: when it came, its request's bytes (once they are in), the
+    batcher ticket that runs it."""
+
+    __slots__ = ("received_ns", "data", "ticket")
+
+    def __init__(self, received_ns: int) -> None:
+        self.received_ns = received_ns
+        self.data: bytes | None = None
+        self.ticket: Ticket | None = None
+
+
+# -- the memo ------------------------------------------------------------------------------
+
+#: requests and answers remembered per model version; past it the memo starts afresh.
+_CACHE_SIZE = 256
+#: the tags of ModelInferRequest.raw_input_contents (7) and ModelInferResponse.raw_output_contents (6)
+_RAW_INPUT_TAG, _RAW_OUTPUT_TAG = b"\x3a", b"\x32"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _without_raw(data: bytes, raw: Sequence[bytes], tag: bytes) -> bytes | None:
+    """``data`` (a serialized message) without its raw contents, when they come last
+    and in order, as protobuf's encoders write them; None when they do not."""
+    end = len(data)
+    for blob in reversed(raw):
+        head = tag + _varint(len(blob))
+        end -= len(head) + len(blob)
+        if end < 0 or data[end:end + len(head)] != head:
+            return None
+    return data[:end]
+
+
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    """What the full decoder made of a request, but its raw input contents."""
+
+    inputs: tuple[wire_inputs.WireInput, ...]  # in request order, their buffer unset
+    prefix: str
+    rows: int
+    outputs: tuple[RequestedOutput, ...] | None
+    parameters: dict[str, ParameterValue]
+    priority: int
+    timeout_us: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Answer:
+    """A remembered answer: ``requested`` is the very ``request.outputs`` object it was
+    made for; ``head`` the response's bytes without the blobs of the outputs ``sent``."""
+
+    requested: tuple[RequestedOutput, ...] | None
+    head: bytes
+    sent: tuple[str, ...]
+
+
+class InferMemo:
+    """What one served model version remembers of the requests and answers clients
+    repeat. A request is planned when all its inputs are raw contents, none of its
+    outputs goes to shared memory and it belongs to no sequence; an answer, when every
+    output it sends is a small numeric array of its config datatype (one ``tobytes``
+    each, ``wire_outputs.copied_whole``). None means "not known": the full path decides."""
+
+    __slots__ = ("_plans", "_answers", "requests_planned", "answers_remembered")
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[bytes, tuple[int, ...]], _Plan] = {}
+        self._answers: dict[tuple[Any, ...], _Answer] = {}
+        #: how often each shortcut was taken (tests read these)
+        self.requests_planned = self.answers_remembered = 0
+
+    @staticmethod
+    def request_key(message: Any, data: bytes) -> tuple[bytes, tuple[int, ...]] | None:
+        """What a request's plan is found by: its bytes but its raw contents, and their sizes."""
+        raw = message.raw_input_contents
+        head = _without_raw(data, raw, _RAW_INPUT_TAG) if raw else None
+        return (head, tuple(map(len, raw))) if head is not None else None
+
+    def request(self, key: tuple[bytes, tuple[int, ...]], message: Any, version: int) -> InferRequest | None:
+        plan = self._plans.get(key)
+        if plan is None:
+            return None
+        model, prefix, raw = message.model_name, plan.prefix, message.raw_input_contents
+        arrays = {
+            item.name: wire_inputs.to_array(
+                wire_inputs.WireInput(item.name, item.dt, item.shape, wire_inputs.BINARY, blob, 0, len(blob)), model, prefix,
             )
+            for item, blob in zip(plan.inputs, raw)
+        }
+        self.requests_planned += 1
+        return InferRequest(
+            model, arrays, plan.rows, message.id, version, plan.outputs, dict(plan.parameters) if plan.parameters else {},
+            plan.priority, plan.timeout_us, True,
+        )
+
+    def learn_request(self, key: tuple[bytes, tuple[int, ...]], message: Any, request: InferRequest) -> None:
+        if request.sequence is not None or any(tensor.HasField("contents") or tensor.parameters for tensor in message.inputs):
+            return
+        if request.outputs is not None and any(out.shm_region is not None for out in request.outputs):
+            return
+        inputs = tuple(
+            wire_inputs.WireInput(tensor.name, BY_WIRE_NAME[tensor.datatype], tuple(tensor.shape), wire_inputs.BINARY)
+            for tensor in message.inputs
+        )
+        if len(self._plans) >= _CACHE_SIZE:
+            self._plans.clear()  # ever-changing requests must not pile up
+        self._plans[key] = _Plan(
+            inputs, f"[request id: {message.id or '<id_unknown>'}] ", request.rows, request.outputs,
+            dict(request.parameters), request.priority, request.timeout_us,
+        )
+
+    def answer(self, request: InferRequest, outputs: Mapping[str, Any], version: int) -> bytes | None:
+        key = _answer_key(request, outputs, version)
+        known = self._answers.get(key) if key is not None else None
+        if known is None or known.requested is not request.outputs:
+            return None
+        parts = [known.head]
+        for name in known.sent:
+            blob = outputs[name].tobytes()
+            parts.append(_RAW_OUTPUT_TAG + _varint(len(blob)))
+            parts.append(blob)
+        self.answers_remembered += 1
+        return b"".join(parts)
+
+    def learn_answer(
+        self, request: InferRequest, outputs: Mapping[str, Any], version: int, response: Any, data: bytes,
+        tables: ModelTables,
+    ) -> None:
+        key = _answer_key(request, outputs, version)
+        if key is None or (request.outputs is not None and any(
+            out.shm_region is not None or out.classification for out in request.outputs
+        )):
+            return
+        sent = tuple(tensor.name for tensor in response.outputs)
+        for name in sent:
+            value, dt = outputs[name], tables.output_types.get(name)
+            if dt is None or value.dtype != dt.numpy or not wire_outputs.copied_whole(dt, value.nbytes):
+                return
+        head = _without_raw(data, response.raw_output_contents, _RAW_OUTPUT_TAG)
+        if head is None:
+            return
+        if len(self._answers) >= _CACHE_SIZE:
+            self._answers.clear()
+        self._answers[key] = _Answer(request.outputs, head, sent)
+
+
+def _answer_key(request: InferRequest, outputs: Mapping[str, Any], version: int) -> tuple[Any, ...] | None:
+    """What an answer's bytes but its blobs depend on, when every output is a numpy array."""
+    key: list[Any] = [id(request.outputs), request.id, version]
     for name, value in outputs.items():
-        requested = wanted.get(name) if wanted is not None else None
-        if wanted is not None and requested is None:
-            continue
-        arr, dt = wire_outputs.output_array(name, value, codec.output_types.get(name), model)
-        if requested is not None and requested.classification:
-            elements, shape = wire_outputs.classify(
-                arr, dt, requested.classification, codec.batching, (labels or {}).get(name)
-            )
-            arr, dt = wire_outputs.bytes_object_array(elements, shape), wire_outputs.BYTES
-        tensor = response.outputs.add(name=name, datatype=dt.wire_name, shape=arr.shape)
-        pieces, size = wire_outputs.binary_blob(arr, dt, name, model)
-        blob = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
-        if requested is not None and requested.shm_region is not None:
-            if size > requested.shm_byte_size:
-                raise InternalError(
-                    f"shared memory size specified with the request for output '{name}' ({requested.shm_byte_size} "
-                    f"bytes) should be at least {size} bytes to hold the results"
-                )
-            write_shm(requested.shm_region, requested.shm_offset, blob)
-            tensor.parameters["shared_memory_region"].string_param = requested.shm_region
-            tensor.parameters["shared_memory_byte_size"].int64_param = size
-            if requested.shm_offset:
-                tensor.parameters["shared_memory_offset"].int64_param = requested.shm_offset
-            blob = b""
-        response.raw_output_contents.append(blob)
-    return response
+        if type(value) is not np.ndarray:
+            return None
+        key.append((name, value.dtype, value.shape))
+    return tuple(key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GrpcModelTables(ModelTables):
+    """What gRPC's infer path needs of one served model version, made once: its lookup
+    tables (ModelTables) and the memo of its repeated requests and answers."""
+
+    memo: InferMemo
+
+    @classmethod
+    def for_config(cls, config: ModelConfig) -> GrpcModelTables:
+        return cls(**ModelTables.fields_for(config), memo=InferMemo())  # type: ignore[arg-type]

@@ -1,13 +1,14 @@
 """NativeGrpcServer: the InferenceService on nereid's own gRPC transport (``h2/``).
 
-Owns the listening socket, the calls of every connection and graceful shutdown. A call
-is routed by its ``:path`` to the service's method: ModelInfer goes from the bytes
-received straight to ``infer.ModelInfer.start`` and its answer back through
-``GrpcConnection.respond`` (no task, Future or context per call); every other unary RPC
-runs its coroutine in a task with an ``AbortContext``, and ModelStreamInfer runs
-the service's generator over the messages as they arrive. ``grpc-timeout`` deadlines,
-the message size limit and the keep-alive PINGs of
-tritonserver's flags apply here. ``--grpc-server grpcio`` serves the same service on
+Owns the listening socket, the calls of every connection and graceful shutdown, and
+routes each call by its ``:path`` to the service's method. The routes table, built here
+once, sends ModelInfer (unless its group is restricted) straight from the connection to
+``infer.ModelInferCalls``: from the bytes received to the batcher, and its answer back
+through ``GrpcConnection.respond``, with no task, Future or context per call and without
+coming through here. Every other unary RPC runs its coroutine in a task with an
+``AbortContext``, and ModelStreamInfer runs the service's generator over the messages as
+they arrive. The message size limit and the keep-alive PINGs of tritonserver's flags
+apply here (``grpc-timeout`` deadlines, in the transport). ``--grpc-server grpcio`` serves the same service on
 grpcio's server instead (``grpcio_server.GrpcServer``).
 """
 
@@ -26,9 +27,10 @@ from tritonclient.grpc import service_pb2
 
 from nereid.network.access import Refusals, Restriction, restriction_table
 from nereid.errors import NereidError
-from nereid.grpc.infer import status_of
+from nereid.grpc.infer import ModelInferCalls
 from nereid.grpc.service import METHOD_GROUPS, AbortContext, CallAborted, InferenceService
 from nereid.grpc.h2.limits import TransportLimits
+from nereid.grpc.h2.calls import CallHandler
 from nereid.grpc.h2.connection import GrpcConnection, GrpcStream, Keepalive, PingPolicy, Status
 from nereid.grpc.h2.stream import StreamState
 from nereid.network.connections import ConnectionRefusals, drain
@@ -41,19 +43,21 @@ __all__ = ["NativeGrpcServer"]
 _log = logging.getLogger("nereid")
 
 _SERVICE = "inference.GRPCInferenceService"
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _SWEEP_S = 1.0
 
 
 class _Method:
-    """One RPC: its request type, the service's implementation and, when its group is
-    restricted (--grpc-restricted-protocol), the restriction and its metadata key."""
+    """One RPC: its request type, the service's implementation, the handler of its calls
+    (None: the server's own) and, when its group is restricted
+    (--grpc-restricted-protocol), the restriction and its metadata key."""
 
-    __slots__ = ("name", "request_type", "implementation", "streaming", "group", "restriction", "key")
+    __slots__ = ("name", "request_type", "implementation", "streaming", "group", "restriction", "key", "handler")
 
     def __init__(
         self, name: str, request_type: Any, implementation: Any, streaming: bool, restriction: Restriction | None,
+        handler: CallHandler | None = None,
     ) -> None:
+        self.handler = handler
         self.name = name
         self.request_type = request_type
         self.implementation = implementation
@@ -79,25 +83,15 @@ class _TlsConnection(GrpcConnection):
 
 class _Call:
     """One stream's call: its method, the request (unary) or the queue of requests
-    (streaming), what runs it (a batcher ticket or a task) and its deadline timer."""
+    (streaming), and the task that runs it."""
 
-    __slots__ = ("method", "received_ns", "request", "requests", "running", "timer")
+    __slots__ = ("method", "request", "requests", "running")
 
-    def __init__(self, method: _Method, received_ns: int) -> None:
+    def __init__(self, method: _Method) -> None:
         self.method = method
-        self.received_ns = received_ns
         self.request: bytes | None = None
         self.requests: asyncio.Queue[bytes | None] | None = None
-        self.running: Any = None
-        self.timer: asyncio.TimerHandle | None = None
-
-
-def _timeout_seconds(value: bytes) -> float | None:
-    """A grpc-timeout header's seconds ("100m": 0.1), None when it does not parse."""
-    unit = _TIMEOUT_UNITS.get(value[-1:])
-    if unit is None or not value[:-1].isdigit() or len(value) > 9:
-        return None
-    return int(value[:-1]) * unit
+        self.running: asyncio.Task[None] | None = None
 
 
 class NativeGrpcServer:
@@ -144,16 +138,21 @@ class NativeGrpcServer:
         self._sweeper: asyncio.TimerHandle | None = None
         restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self._methods = self._method_table(service, restrictions)
-        self._model_infer = self._methods[f"/{_SERVICE}/ModelInfer".encode()]
-        self._start_infer_call = service.infer.start
+        #: the calls a connection hands straight to their handler (h2/calls.py): those
+        #: with a handler of their own, unless restricted (checked in ``open`` first)
+        self.routes: dict[bytes, CallHandler] = {
+            path: method.handler for path, method in self._methods.items()
+            if method.handler is not None and method.restriction is None
+        }
 
     @staticmethod
     def _method_table(service: InferenceService, restrictions: dict[str, Restriction]) -> dict[bytes, _Method]:
         descriptor = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        handlers: dict[str, CallHandler] = {"ModelInfer": ModelInferCalls(service.infer)}
         return {
             f"/{_SERVICE}/{method.name}".encode(): _Method(
                 method.name, getattr(service_pb2, method.input_type.name), getattr(service, method.name),
-                method.server_streaming, restrictions.get(METHOD_GROUPS[method.name]),
+                method.server_streaming, restrictions.get(METHOD_GROUPS[method.name]), handlers.get(method.name),
             )
             for method in descriptor.methods
         }
@@ -236,14 +235,11 @@ class NativeGrpcServer:
             self.refusals.count("grpc", method.group)
             connection.finish(stream, Status.UNAVAILABLE, restriction.grpc_message())
             return
-        call = stream.call = _Call(method, time.monotonic_ns())
-        timeout = headers.get(b"grpc-timeout")
-        if timeout is not None:
-            seconds = _timeout_seconds(timeout)
-            if seconds is None:
-                connection.finish(stream, Status.INTERNAL, f"Invalid grpc-timeout {timeout.decode('latin-1')!r}")
-                return
-            call.timer = asyncio.get_running_loop().call_later(seconds, self._expire, connection, stream)
+        if method.handler is not None:  # a restricted ModelInfer, let through
+            stream.handler = method.handler
+            method.handler.open(connection, stream)
+            return
+        call = stream.call = _Call(method)
         if method.streaming:
             stream.streaming = True
             call.requests = asyncio.Queue()
@@ -277,53 +273,22 @@ class NativeGrpcServer:
         except DecodeError:
             self._fail(connection, stream, Status.INTERNAL, "Unable to parse request")
             return
-        if call.method is self._model_infer:
-            self._start_infer(connection, stream, call, request)
-        else:
-            self._run(connection, stream, self._unary, connection, stream, call, request)
+        self._run(connection, stream, self._unary, connection, stream, call, request)
 
     def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
         call: _Call | None = stream.call
         if call is None:
             return
         stream.call = None
-        if call.timer is not None:
-            call.timer.cancel()
         running = call.running
         if running is not None:
             call.running = None
-            if isinstance(running, asyncio.Task):
-                running.cancel()
-            else:
-                running.withdraw()
+            running.cancel()
 
     def closed(self, connection: GrpcConnection) -> None:
         self.connections.discard(connection)
 
     # -- running calls -------------------------------------------------------------------
-
-    def _start_infer(self, connection: GrpcConnection, stream: GrpcStream, call: _Call, request: Any) -> None:
-        """ModelInfer from the bytes to the batcher; answered from the batch that runs it."""
-
-        def answer(response: Any, error: BaseException | None) -> None:
-            if stream.call is not call:  # reset, or past its deadline
-                return
-            self._done(stream, call)
-            if error is None:
-                connection.respond(stream, response.SerializeToString())
-            elif isinstance(error, NereidError):
-                connection.finish(stream, status_of(error).value[0], error.message)
-            elif not isinstance(error, asyncio.CancelledError):
-                _log.error("gRPC: ModelInfer failed", exc_info=error)
-                connection.finish(stream, Status.INTERNAL, f"internal error: {error}")
-
-        try:
-            ticket = self._start_infer_call(request, call.received_ns, answer)
-        except NereidError as exc:
-            self._fail(connection, stream, status_of(exc).value[0], exc.message)
-            return
-        if stream.call is call:
-            call.running = ticket
 
     async def _unary(self, connection: GrpcConnection, stream: GrpcStream, call: _Call, request: Any) -> None:
         try:
@@ -386,18 +351,9 @@ class NativeGrpcServer:
             _log.exception("gRPC: %s failed", call.method.name if call is not None else "a call")
             self._finish(connection, stream, call, Status.INTERNAL, f"internal error: {exc}")
 
-    def _expire(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call = stream.call
-        if call is not None:
-            call.timer = None
-            self.reset(connection, stream)
-            connection.finish(stream, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
     def _done(self, stream: GrpcStream, call: _Call) -> None:
         stream.call = None
-        call.running = None  # the ticket's callback refers back to the call: no cycle left behind
-        if call.timer is not None:
-            call.timer.cancel()
+        call.running = None
 
     def _finish(self, connection: GrpcConnection, stream: GrpcStream, call: _Call | None, status: int, message: str) -> None:
         if call is not None and stream.call is call:

@@ -23,7 +23,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from nereid.errors import InvalidInputError, ModelNotFoundError, NereidError, UnsupportedError
-from nereid.grpc.infer import ModelInfer, decode_request, encode_response, status_of
+from nereid.grpc.infer import ModelInfer, status_of
+from nereid.grpc.infer_messages import decode_request, encode_response
 from nereid.log import LogSettings, apply_log_settings, log_settings
 from nereid.models import admin
 from nereid.models.manager import ModelManager, ServingModel
@@ -180,7 +181,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         def answer(response: Any, error: BaseException | None) -> None:
             if not future.done():
                 if error is None:
-                    future.set_result(response)
+                    future.set_result(service_pb2.ModelInferResponse.FromString(response))
                 else:
                     future.set_exception(error)
 

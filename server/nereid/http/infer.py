@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 from nereid.models.admin import parse_version
@@ -32,7 +31,7 @@ from nereid.http.infer_memo import HttpTablesCache, HttpModelTables
 from nereid.inference import InferRequest, InferResult
 from nereid.models.manager import ModelManager, ServingModel, Ticket
 from nereid.options import ServerOptions
-from nereid.tensors.shared_memory import SharedMemoryManager
+from nereid.tensors.shared_memory import RegionLease, SharedMemoryManager
 
 __all__ = ["InferEndpoint", "InferHeaders", "Responder", "encode_answer", "parse_version", "read_request"]
 
@@ -98,12 +97,19 @@ class InferEndpoint:
         # a heavy body is decoded off the loop first (heavy_bodies); the size test is inline
         if len(body) > (INFLATE_OFF_LOOP_BYTES if headers.content_encoding else JSON_OFF_LOOP_BYTES):
             return self._start_heavy(name, version_text, headers, body, received_ns, responder)
-        shm = self._shm.lease()  # pins the shared-memory regions this request uses
+        call = _InferCall(name, headers.accept_encoding, self._shm, responder)
         try:
-            call = self._parse(name, version_text, headers, body, shm, responder)
-            return call.serving.submit(call.request, received_ns, call.answer)
+            serving = call.serving = self._serving(name, version_text)
+            tables = call.tables = self.model_tables.get(serving)
+            if headers.content_encoding:
+                body = decode_body(body, headers.content_encoding, max_size=self.options.max_request_size)
+            call.request = read_request(
+                body, headers.header_length, tables, name, serving.version, self.options.http_max_input_size,
+                call.resolve_shm,
+            )
+            return serving.submit(call.request, received_ns, call.answer)
         except Exception as exc:  # a bug must cost one request, not the connection
-            _refuse(name, exc, shm, responder)
+            call.refuse(exc)
         return None
 
     def _serving(self, name: str, version_text: str | None) -> ServingModel:
@@ -114,27 +120,6 @@ class InferEndpoint:
         if serving.config.decoupled:
             raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
         return serving
-
-    def _parse(
-        self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, shm: Any, responder: Responder
-    ) -> _InferCall:
-        serving = self._serving(name, version_text)
-        tables = self.model_tables.get(serving)
-        options = self.options
-        if headers.content_encoding:
-            body = decode_body(body, headers.content_encoding, max_size=options.max_request_size)
-        return self._call(name, serving, tables, headers, body, shm, responder)
-
-    def _call(
-        self, name: str, serving: ServingModel, tables: HttpModelTables, headers: InferHeaders,
-        decoded: bytes | InferRequest, shm: Any, responder: Responder,
-    ) -> _InferCall:
-        """The request of a decoded body (read here; or already parsed off the loop)."""
-        request = decoded if isinstance(decoded, InferRequest) else read_request(
-            decoded, headers.header_length, tables, name, serving.version, self.options.http_max_input_size,
-            shm.resolve,
-        )
-        return _InferCall(name, serving, request, tables, headers.accept_encoding, shm, responder)
 
     def _start_heavy(
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
@@ -155,23 +140,26 @@ class InferEndpoint:
         self, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
         responder: Responder, started: _HeavyStart,
     ) -> None:
-        shm = self._shm.lease()
+        call = _InferCall(name, headers.accept_encoding, self._shm, responder)
         try:
-            serving = self._serving(name, version_text)
-            tables = self.model_tables.get(serving)
+            serving = call.serving = self._serving(name, version_text)
+            tables = call.tables = self.model_tables.get(serving)
             options = self.options
             decoded = await self.heavy.decode(
                 body, headers.content_encoding, headers.header_length, tables, name, serving.version,
                 options.max_request_size, options.http_max_input_size,
             )
             del body
-            call = self._call(name, serving, tables, headers, decoded, shm, responder)
+            call.request = decoded if isinstance(decoded, InferRequest) else read_request(
+                decoded, headers.header_length, tables, name, serving.version, options.http_max_input_size,
+                call.resolve_shm,
+            )
             started.ticket = serving.submit(call.request, received_ns, call.answer)
         except asyncio.CancelledError:  # withdrawn: the client went away
-            shm.release()
+            call.release()
             raise
         except Exception as exc:  # a bug, or the decode process died: one request fails
-            _refuse(name, exc, shm, responder)
+            call.refuse(exc)
 
     async def aclose(self) -> None:
         """Cancel the decoding still running and stop the decode process."""
@@ -232,32 +220,53 @@ def encode_answer(
     return encoded
 
 
-def _refuse(name: str, exc: Exception, shm: Any, responder: Responder) -> None:
-    """A request that failed before it was queued: its shared memory let go, its error
-    answered (a bug, anything but a NereidError, is logged and answered as internal)."""
-    shm.release()
-    if not isinstance(exc, NereidError):
-        _log.exception("infer on model %r failed unexpectedly", name)
-        exc = _internal_error(name, exc)
-    responder.reply(*error_parts(exc))
-
-
 def _internal_error(model: str, exc: BaseException) -> InternalError:
     """A bug met while answering an infer request: it fails that request, not the server."""
     return InternalError(f"internal error in infer on model '{model}': {exc}")
 
 
-@dataclass(slots=True)
 class _InferCall:
-    """One parsed infer request on its way through the model; ``answer`` gets its outcome."""
+    """One infer request on its way through the model (``serving``, ``tables`` and
+    ``request`` are set as it is parsed); ``answer`` gets its outcome. A lease on the
+    server's shared-memory regions is taken only when the request names one."""
 
-    name: str
-    serving: ServingModel
-    request: InferRequest
-    tables: HttpModelTables
-    accept_encoding: str | None
-    shm: Any
-    responder: Responder
+    __slots__ = ("name", "accept_encoding", "regions", "responder", "serving", "tables", "request", "lease")
+
+    def __init__(self, name: str, accept_encoding: str | None, regions: SharedMemoryManager, responder: Responder) -> None:
+        self.name = name
+        self.accept_encoding = accept_encoding
+        self.regions = regions
+        self.responder = responder
+        self.serving: ServingModel
+        self.tables: HttpModelTables
+        self.request: InferRequest
+        self.lease: RegionLease | None = None
+
+    def resolve_shm(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """The part of a registered region the request reads (``ShmResolver``), pinned."""
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        return self.lease.resolve(region, offset, byte_size)
+
+    def write_shm(self, region: str, offset: int, data: Any) -> None:
+        """Write an output to a region the request named (pinned when it was parsed)."""
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        self.lease.write(region, offset, data)
+
+    def release(self) -> None:
+        """Let go of the regions the request used (if any)."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def refuse(self, exc: Exception) -> None:
+        """The request failed before it was queued: its regions let go, its error answered
+        (a bug, anything but a NereidError, is logged and answered as internal)."""
+        self.release()
+        if not isinstance(exc, NereidError):
+            _log.exception("infer on model %r failed unexpectedly", self.name)
+            exc = _internal_error(self.name, exc)
+        self.responder.reply(*error_parts(exc))
 
     def answer(self, outputs: Any, error: BaseException | None) -> None:
         """The outcome of the submitted request: ``responder`` gets its answer or its
@@ -283,14 +292,15 @@ class _InferCall:
             _log.exception("answering infer on model %r failed unexpectedly", self.name)
             responder.reply(*error_parts(_internal_error(self.name, exc)))
         finally:
-            self.shm.release()
+            if self.lease is not None:
+                self.lease.release()
 
     def _encode(self, outputs: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         serving = self.serving
         request = self.request
         encoded = encode_answer(
             self.tables, InferResult(self.name, serving.version, outputs, request.id), request,
-            labels=serving.labels, write_shm=self.shm.write,
+            labels=serving.labels, write_shm=self.write_shm,
         )
         payload, headers = infer_response.finish(encoded, self.accept_encoding)
         headers.append((b"content-length", str(len(payload)).encode()))

@@ -34,7 +34,7 @@ from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.errors import ExecutionTimeoutError, ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
-from nereid.instances.instance_threads import InstanceThreads
+from nereid.instances.thread import InstanceThreads
 from nereid.instances.model_errors import model_exception
 from nereid.instances.outcome import BatchOutcome, StepSink
 from nereid.faults import FaultLog

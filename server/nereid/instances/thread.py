@@ -9,7 +9,8 @@ other BaseException (SystemExit, KeyboardInterrupt, GeneratorExit, a CancelledEr
 the model's own). None of them ends an instance thread, a batcher's worker or the event
 loop. Only the loop cancelling the task that runs the model (``cancelled_by_loop``:
 shutdown, a drain timeout) goes on up as a cancellation (model_errors.py). The threads
-are instance_threads.py's; the records a batch comes to, outcome.py's.
+are ``InstanceThreads`` (below; process instances use them too); the records a batch
+comes to, outcome.py's; a decoupled model's batches, decoupled.py's.
 """
 
 from __future__ import annotations
@@ -17,26 +18,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import queue
+import threading
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
-from nereid.tensors.assembly import assemble, split, split_step
+from nereid.tensors.assembly import assemble, split
 from nereid.config.schema import ModelConfig
 from nereid.context import ModelContext
 from nereid.tensors.device import DeviceInputs, outputs_to_host
 from nereid.errors import ModelExecutionError, ModelLoadError, NereidError
 from nereid.inference import InferRequest
 from nereid.faults import FaultLog
-from nereid.instances.instance_threads import InstanceThreads
+from nereid.instances.decoupled import DecoupledBatches
 from nereid.instances.model_errors import as_exception, cancelled_by_loop
 from nereid.instances.outcome import BatchOutcome, StepSink
 from nereid.repository.model_file import ModelClass, describe_exception
 from nereid.triton_python.adapter import TritonModel
 from nereid.triton_python.bls import BlsTarget
 
-__all__ = ["ModelInstance", "BatchOutcome", "StepSink"]
+__all__ = ["InstanceThreads", "ModelInstance", "BatchOutcome", "StepSink"]
 
 _log = logging.getLogger("nereid")
 
@@ -44,7 +47,7 @@ _log = logging.getLogger("nereid")
 _STOP_TIMEOUT_S = 2.0
 
 
-class ModelInstance:
+class ModelInstance(DecoupledBatches):
     """One instance of a model. ``start()`` builds the user's object on the instance's own
     thread; ``run_batch()`` executes one batch; ``close()`` calls the model's ``close()``
     and stops the threads. ``capacity`` batches may run at once."""
@@ -73,7 +76,7 @@ class ModelInstance:
         self.name = context.instance_name
         batching = config.dynamic_batching
         self.capacity = batching.max_concurrent_batches if batching is not None else 1
-        self._threads = InstanceThreads(self.capacity, self.name)
+        self._threads: InstanceThreads = InstanceThreads(self.capacity, self.name)
         self._model: Any = None
         self._infer: Callable[..., Any] | None = None
         self._cost: Callable[[dict[str, np.ndarray]], int] | None = None
@@ -255,132 +258,6 @@ class ModelInstance:
             return BatchOutcome(None, self._execution_error(exc), t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
 
-    async def run_stream(
-        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool], /
-    ) -> BatchOutcome:
-        """Execute one batch of a decoupled model: ``infer`` is a generator (or async
-        generator) yielding output dicts for the whole batch, step by step. Each step is
-        split per request and handed to ``sink`` on the event loop. The generator is closed
-        early once ``abandoned()`` (every request finished or gone). Never raises for model
-        errors (they come back in the outcome)."""
-        loop = asyncio.get_running_loop()
-        if self.model_class.triton:
-            return await self._stream_triton(requests, sink, abandoned)
-        if self.model_class.infer_is_async:
-            return await self._stream_async(requests, sink, abandoned)
-
-        def deliver(parts: list[dict[str, np.ndarray]], finished: list[bool]) -> None:
-            loop.call_soon_threadsafe(sink, parts, finished)
-
-        outcome: BatchOutcome = await self._threads.call(self._stream_sync, requests, deliver, abandoned)
-        return outcome
-
-    async def _stream_triton(
-        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool]
-    ) -> BatchOutcome:
-        """A decoupled TritonPythonModel: ``execute`` runs on the instance thread and
-        returns; responses come through each request's sender, from any thread, until
-        each request's final flag (or until nobody listens)."""
-        loop = asyncio.get_running_loop()
-        count = len(requests)
-        open_requests = set(range(count))
-        all_final = loop.create_future()
-        name = self.context.model_name
-        config = self.config
-
-        def on_loop(index: int, answer: Any, final: bool) -> None:
-            if index not in open_requests:
-                return
-            parts: list[Any] = [None] * count
-            finished = [False] * count
-            if isinstance(answer, dict):
-                try:
-                    answer = split(answer, [requests[index]], config, name)[0]
-                except NereidError as exc:
-                    self._output_fault(exc)
-                    answer, final = exc, True
-            elif answer is not None:  # an error response ends its request
-                final = True
-            parts[index], finished[index] = answer, final
-            sink(parts, finished)
-            if final:
-                open_requests.discard(index)
-            if (not open_requests or abandoned()) and not all_final.done():
-                all_final.set_result(None)
-
-        def deliver(index: int, answer: Any, final: bool) -> None:
-            loop.call_soon_threadsafe(on_loop, index, answer, final)
-
-        t0 = time.monotonic_ns()
-        try:
-            await self._threads.call(self._model.execute_decoupled, requests, deliver, lambda _: abandoned())
-        except BaseException as exc:
-            if cancelled_by_loop(exc):
-                raise
-            return self._stream_outcome(t0, exc)
-        if open_requests:
-            await all_final
-        return self._stream_outcome(t0, None)
-
-    def _stream_sync(
-        self, requests: Sequence[InferRequest], deliver: StepSink, abandoned: Callable[[], bool]
-    ) -> BatchOutcome:
-        t0 = time.monotonic_ns()
-        try:
-            steps = self._steps(requests, "__next__", "a decoupled model's infer must be a generator")
-            try:
-                for step in steps:
-                    deliver(*split_step(step, requests, self.config, self.context.model_name))
-                    if abandoned():
-                        break
-            finally:
-                steps.close()
-        except BaseException as exc:  # on the instance thread: all of it is the model's
-            return self._stream_outcome(t0, exc)
-        return self._stream_outcome(t0, None)
-
-    async def _stream_async(
-        self, requests: Sequence[InferRequest], sink: StepSink, abandoned: Callable[[], bool]
-    ) -> BatchOutcome:
-        t0 = time.monotonic_ns()
-        try:
-            steps = self._steps(requests, "__anext__", "a decoupled async model's infer must be an async generator")
-            try:
-                async for step in steps:
-                    sink(*split_step(step, requests, self.config, self.context.model_name))
-                    if abandoned():
-                        break
-            finally:
-                await steps.aclose()
-        except BaseException as exc:
-            if cancelled_by_loop(exc):
-                raise
-            return self._stream_outcome(t0, exc)
-        return self._stream_outcome(t0, None)
-
-    def _steps(self, requests: Sequence[InferRequest], step_method: str, must_be: str) -> Any:
-        """The model's (async) generator for this batch: ``must_be`` (a TypeError) when
-        what ``infer`` returned has no ``step_method``."""
-        inputs: dict[str, Any] = assemble(requests, self.config)
-        if self.device_inputs is not None:
-            inputs = self.device_inputs(inputs)
-        assert self._infer is not None
-        steps = self._infer(inputs, *self._parameters(requests))
-        if not hasattr(steps, step_method):
-            raise TypeError(f"{must_be}, got {type(steps).__name__}")
-        return steps
-
-    def _stream_outcome(self, t0: int, exc: BaseException | None) -> BatchOutcome:
-        """How a stream that began at ``t0`` ended: done, or failed with ``exc`` (a
-        NereidError as it is, anything else as the model's execution error)."""
-        error: NereidError | None = None
-        if isinstance(exc, NereidError):
-            self._output_fault(exc)
-            error = exc
-        elif exc is not None:
-            error = self._execution_error(exc)
-        return BatchOutcome([] if error is None else None, error, 0, time.monotonic_ns() - t0, 0)
-
     def _execution_error(self, exc: BaseException) -> ModelExecutionError:
         self._fault("infer", exc)
         model = self.context.model_name
@@ -412,3 +289,84 @@ class ModelInstance:
                 "model %r instance %s: its thread is still busy in model code %.0f s after close; "
                 "left behind as a daemon thread", self.context.model_name, self.name, _STOP_TIMEOUT_S,
             )
+
+
+class InstanceThreads:
+    """The instance's own threads: calls go in through a queue, results come back as
+    asyncio futures resolved on their loop.
+
+    Lighter than ``loop.run_in_executor`` with a ThreadPoolExecutor (no concurrent
+    Future, no work-item lock, no thread-count check per call): that pair was a fifth of
+    the server's time per request on the identity model. Daemon threads, so a model
+    stuck in ``infer`` cannot keep the process alive at exit.
+    """
+
+    def __init__(self, count: int, name: str) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stopping: list[asyncio.Future[Any]] | None = None  # what stop() waits for
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{index}", daemon=True) for index in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._calls.put((loop, future, fn, args))
+        return future
+
+    def _serve(self) -> None:
+        calls = self._calls
+        while _run_call(calls.get()):
+            pass
+
+    async def stop(self, timeout: float) -> bool:
+        """Stop every thread once the calls queued before are done, and wait (up to
+        ``timeout`` seconds) until each has let go of its last call and is exiting. False
+        if one is still busy (stuck in model code): a daemon thread, it cannot keep the
+        process alive."""
+        if self._stopping is None:  # once: a second stop would wait for threads long gone
+            self._stopping = [self.call(_stop) for _ in self._threads]  # a thread takes one, then ends
+        done, _ = await asyncio.wait(self._stopping, timeout=timeout)
+        return len(done) == len(self._stopping)
+
+
+def _stop() -> None:
+    """Queued (never called) to tell a thread to answer it and end (``stop``)."""
+
+
+def _run_call(call: Any) -> bool:
+    """Run one queued call and hand its outcome to its loop; False for ``_stop``.
+
+    Its own frame, so that a thread waiting for the next call holds no reference to the
+    last one's function, arguments or result (the model object itself, after the call
+    that built it): those must be released by the loop, never by a daemon thread that
+    may still run while the interpreter shuts down (in 3.11 a daemon thread that needs
+    the GIL then is ended by pthread_exit, which aborts the process when it unwinds
+    through C++ code, as torch's tensor destructors are)."""
+    loop, future, fn, args = call
+    if fn is _stop:
+        loop.call_soon_threadsafe(_resolve, future, None)
+        return False
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # handed to the awaiting coroutine
+        loop.call_soon_threadsafe(_reject, future, exc)
+    else:
+        loop.call_soon_threadsafe(_resolve, future, result)
+    return True
+
+
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _reject(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        if isinstance(exc, StopIteration):  # a Future refuses it (TypeError): it would never be done
+            error = RuntimeError(f"model code raised {describe_exception(exc)}")
+            error.__cause__ = exc
+            exc = error
+        future.set_exception(exc)

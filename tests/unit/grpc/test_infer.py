@@ -1,7 +1,7 @@
-"""grpc/infer.py: a ModelInferRequest decoded against a model's config (raw and typed
-contents, Triton's parameters), outputs encoded into a ModelInferResponse, errors that
-name the model, input, expected and got, the gRPC status of each NereidError, and the
-model version a request names."""
+"""grpc/infer.py: the gRPC status of each NereidError, the model version a request names,
+and the memo: a repeated request made from its plan and a repeated answer from its
+remembered bytes, equal to what the full decoder and encoder make of them; shared memory
+leased only by a request that names a region."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from nereid.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from nereid.grpc.infer import ModelInfer, decode_request, encode_response, status_of
-from nereid.inference import SequenceFlags
+from nereid.grpc.infer import InferMemo, ModelInfer, status_of
+from nereid.grpc.infer_messages import decode_request, encode_response
+from nereid.tensors.shared_memory import SharedMemoryManager
 from nereid.tensors.tables import ModelTables
 
 CONFIG = """
@@ -81,158 +82,6 @@ def typed_request() -> Any:
     return message
 
 
-def decode(message: Any, tables: ModelTables) -> Any:
-    return decode_request(message, tables, 3, None)
-
-
-def test_raw_input_contents_decode_to_the_arrays_they_hold(tables: ModelTables) -> None:
-    request = decode(raw_request(id="r1"), tables)
-    assert (request.model_name, request.model_version, request.id, request.rows) == ("pair", 3, "r1", 1)
-    np.testing.assert_array_equal(request.inputs["INPUT0"], A)
-    np.testing.assert_array_equal(request.inputs["INPUT1"], B)
-    assert request.inputs["INPUT0"].dtype == np.int32 and request.inputs["INPUT1"].dtype == np.float32
-    assert request.outputs is None and request.binary_data_output
-
-
-def test_typed_contents_decode_to_the_same_arrays_as_raw_ones(tables: ModelTables) -> None:
-    typed, raw = decode(typed_request(), tables), decode(raw_request(), tables)
-    for name in ("INPUT0", "INPUT1"):
-        np.testing.assert_array_equal(typed.inputs[name], raw.inputs[name])
-        assert typed.inputs[name].dtype == raw.inputs[name].dtype
-
-
-def test_raw_contents_must_be_one_per_input(tables: ModelTables) -> None:
-    message = raw_request()
-    del message.raw_input_contents[1]
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == (
-        "[request id: <id_unknown>] expected 2 raw input contents (one per input) for model 'pair', got 1"
-    )
-
-
-def test_typed_contents_of_the_wrong_size_name_input_expected_and_got(tables: ModelTables) -> None:
-    message = typed_request()
-    del message.inputs[0].contents.int_contents[-1]
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == (
-        "[request id: typed] unexpected number of elements for inference input 'INPUT0' for model 'pair': "
-        "expected 4, got 3"
-    )
-
-
-def test_raw_and_typed_contents_together_are_refused(tables: ModelTables) -> None:
-    message = raw_request()
-    message.inputs[0].contents.int_contents.extend([1, 2, 3, 4])
-    with pytest.raises(InvalidInputError, match="contents field must not be specified when using "
-                       "raw_input_contents for 'INPUT0' for model 'pair'"):
-        decode(message, tables)
-
-
-def test_an_unknown_datatype_names_the_input_and_the_model(tables: ModelTables) -> None:
-    message = raw_request()
-    message.inputs[1].datatype = "FP128"
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message.startswith("invalid datatype for input INPUT1: 'FP128' is not one of BOOL, ")
-    assert caught.value.message.endswith("(model 'pair')")
-
-
-def test_an_input_given_twice_is_refused(tables: ModelTables) -> None:
-    message = raw_request()
-    message.inputs[1].name = "INPUT0"
-    with pytest.raises(InvalidInputError, match="input 'INPUT0' already exists in request"):
-        decode(message, tables)
-
-
-def test_an_input_without_data_says_where_data_may_come_from(tables: ModelTables) -> None:
-    message = typed_request()
-    message.inputs[1].ClearField("contents")
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == (
-        "[request id: typed] input 'INPUT1' for model 'pair' has no data: send it in raw_input_contents, "
-        "in contents, or in a shared memory region"
-    )
-
-
-def test_tritons_parameters_are_read_and_the_others_passed_on(tables: ModelTables) -> None:
-    message = raw_request()
-    message.parameters["priority"].int64_param = 2
-    message.parameters["timeout"].int64_param = 5000
-    message.parameters["sequence_id"].int64_param = 7
-    message.parameters["mine"].string_param = "x"
-    request = decode(message, tables)
-    assert (request.priority, request.timeout_us, request.parameters) == (2, 5000, {"mine": "x"})
-    assert request.sequence == SequenceFlags(7)
-
-
-def test_sequence_parameters_as_tritonclient_sends_them(tables: ModelTables) -> None:
-    message = raw_request()
-    message.parameters["sequence_id"].string_param = "session-a"
-    message.parameters["sequence_start"].bool_param = True
-    message.parameters["sequence_end"].bool_param = False
-    assert decode(message, tables).sequence == SequenceFlags("session-a", True, False)
-
-
-def test_sequence_parameters_of_the_wrong_type_are_refused_with_tritons_message(tables: ModelTables) -> None:
-    message = raw_request()
-    message.parameters["sequence_id"].bool_param = True
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
-    message = raw_request()
-    message.parameters["sequence_end"].int64_param = 1
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == "invalid value type for 'sequence_end' parameter, expected bool_param."
-
-
-def test_parameters_reserved_for_triton_are_refused(tables: ModelTables) -> None:
-    message = raw_request()
-    message.parameters["triton_anything"].bool_param = True
-    with pytest.raises(InvalidInputError, match="parameter keys starting with 'triton_' are reserved"):
-        decode(message, tables)
-
-
-def test_an_unknown_requested_output_is_named(tables: ModelTables) -> None:
-    message = raw_request()
-    message.outputs.add(name="OUTPUT9")
-    with pytest.raises(InvalidInputError) as caught:
-        decode(message, tables)
-    assert caught.value.message == "unexpected inference output 'OUTPUT9' for model 'pair'"
-
-
-def test_outputs_are_encoded_in_the_models_order_as_raw_contents(tables: ModelTables) -> None:
-    request = decode(raw_request(id="r2"), tables)
-    outputs = {"OUTPUT1": B * 2, "OUTPUT0": A + 1}
-    response = encode_response(outputs, request, tables, 3, None, None)
-    assert (response.model_name, response.model_version, response.id) == ("pair", "3", "r2")
-    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
-        ("OUTPUT1", "FP32", [1, 2]), ("OUTPUT0", "INT32", [1, 4]),
-    ]
-    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), (B * 2).ravel())
-    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[1], np.int32), (A + 1).ravel())
-
-
-def test_only_the_requested_outputs_are_encoded(tables: ModelTables) -> None:
-    message = raw_request()
-    message.outputs.add(name="OUTPUT0")
-    request = decode(message, tables)
-    response = encode_response({"OUTPUT0": A, "OUTPUT1": B}, request, tables, 3, None, None)
-    assert [o.name for o in response.outputs] == ["OUTPUT0"] and len(response.raw_output_contents) == 1
-
-
-def test_a_requested_output_the_model_did_not_make_is_a_model_error(tables: ModelTables) -> None:
-    message = raw_request()
-    message.outputs.add(name="OUTPUT1")
-    request = decode(message, tables)
-    with pytest.raises(ModelExecutionError) as caught:
-        encode_response({"OUTPUT0": A}, request, tables, 3, None, None)
-    assert caught.value.message == "model 'pair' did not produce the requested output(s) 'OUTPUT1'"
-
-
 @pytest.mark.parametrize(("error", "code"), [
     (ModelNotFoundError("x"), grpc.StatusCode.NOT_FOUND),
     (InvalidInputError("x"), grpc.StatusCode.INVALID_ARGUMENT),
@@ -283,3 +132,149 @@ def test_a_version_that_is_not_a_number_is_invalid() -> None:
             service_pb2.ModelInferRequest(model_name="pair", model_version="two")
         )
 
+
+
+# -- the memo --------------------------------------------------------------------------------
+
+
+def values_request(first: np.ndarray, second: np.ndarray, **fields: Any) -> Any:
+    """``raw_request`` with the given input values."""
+    message = service_pb2.ModelInferRequest(model_name="pair", **fields)
+    message.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 4])
+    message.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 2])
+    message.raw_input_contents.extend([first.tobytes(), second.tobytes()])
+    return message
+
+
+def _same_request(left: Any, right: Any) -> None:
+    for field in ("model_name", "rows", "id", "model_version", "outputs", "parameters", "priority", "timeout_us",
+                  "binary_data_output", "sequence"):
+        assert getattr(left, field) == getattr(right, field), field
+    assert list(left.inputs) == list(right.inputs)
+    for name in left.inputs:
+        assert left.inputs[name].dtype == right.inputs[name].dtype
+        np.testing.assert_array_equal(left.inputs[name], right.inputs[name])
+
+
+def test_a_repeated_request_is_made_from_its_plan_as_the_full_decoder_makes_it(tables: ModelTables) -> None:
+    memo = InferMemo()
+    first = values_request(A, B, id="same", parameters={"custom": service_pb2.InferParameter(int64_param=7)})
+    first.outputs.add(name="OUTPUT1")
+    key = memo.request_key(first, first.SerializeToString())
+    assert key is not None and memo.request(key, first, 3) is None
+    memo.learn_request(key, first, decode_request(first, tables, 3, None))
+    second = values_request(A * 5, B - 1, id="same", parameters={"custom": service_pb2.InferParameter(int64_param=7)})
+    second.outputs.add(name="OUTPUT1")
+    repeat = memo.request(memo.request_key(second, second.SerializeToString()), second, 3)  # type: ignore[arg-type]
+    assert repeat is not None and memo.requests_planned == 1
+    _same_request(repeat, decode_request(second, tables, 3, None))
+
+
+def test_requests_that_differ_beyond_their_raw_contents_are_not_repeats(tables: ModelTables) -> None:
+    memo = InferMemo()
+    first = values_request(A, B, id="a")
+    key = memo.request_key(first, first.SerializeToString())
+    assert key is not None
+    memo.learn_request(key, first, decode_request(first, tables, 3, None))
+    other_id = values_request(A, B, id="b")
+    two_rows = values_request(np.vstack([A, A]), np.vstack([B, B]), id="a")
+    two_rows.inputs[0].shape[:] = [2, 4]
+    two_rows.inputs[1].shape[:] = [2, 2]
+    for message in (other_id, two_rows):
+        assert memo.request(memo.request_key(message, message.SerializeToString()), message, 3) is None  # type: ignore[arg-type]
+
+
+def test_typed_contents_and_shared_memory_are_never_planned(tables: ModelTables) -> None:
+    memo = InferMemo()
+    typed = typed_request()
+    assert memo.request_key(typed, typed.SerializeToString()) is None  # no raw contents
+    with_region = values_request(A, B)
+    with_region.outputs.add(name="OUTPUT0").parameters["shared_memory_region"].string_param = "region"
+    key = memo.request_key(with_region, with_region.SerializeToString())
+    assert key is not None
+    memo.learn_request(key, with_region, decode_request(with_region, tables, 3, lambda *_: memoryview(bytes(16))))
+    assert memo.request(key, with_region, 3) is None
+
+
+def test_raw_contents_that_do_not_come_last_give_no_key() -> None:
+    # protobuf merges the fields of concatenated messages: the same request, raw contents first
+    message = values_request(A, B, id="r")
+    raw_only = service_pb2.ModelInferRequest(raw_input_contents=message.raw_input_contents)
+    rest = service_pb2.ModelInferRequest()
+    rest.CopyFrom(message)
+    rest.ClearField("raw_input_contents")
+    data = raw_only.SerializeToString() + rest.SerializeToString()
+    assert service_pb2.ModelInferRequest.FromString(data) == message
+    assert InferMemo.request_key(message, data) is None
+
+
+def test_a_repeated_answer_is_the_full_encoders_bytes(tables: ModelTables) -> None:
+    memo = InferMemo()
+    request = decode_request(values_request(A, B, id="r"), tables, 3, None)
+    assert memo.answer(request, {"OUTPUT0": A, "OUTPUT1": B}, 3) is None
+    response = encode_response({"OUTPUT0": A, "OUTPUT1": B}, request, tables, 3, None, None)
+    memo.learn_answer(request, {"OUTPUT0": A, "OUTPUT1": B}, 3, response, response.SerializeToString(), tables)
+    outputs = {"OUTPUT0": A * 3, "OUTPUT1": B + 2}
+    assert memo.answer(request, outputs, 3) == encode_response(outputs, request, tables, 3, None, None).SerializeToString()
+    assert memo.answers_remembered == 1
+    assert memo.answer(request, {"OUTPUT0": A, "OUTPUT1": B.astype(np.float64)}, 3) is None  # another dtype
+    assert memo.answer(request, {"OUTPUT0": np.vstack([A, A]), "OUTPUT1": B}, 3) is None  # another shape
+
+
+def test_answers_the_encoder_converts_or_classifies_are_not_remembered(tables: ModelTables) -> None:
+    memo = InferMemo()
+    request = decode_request(values_request(A, B), tables, 3, None)
+    converted = {"OUTPUT0": A.astype(np.int64), "OUTPUT1": B}  # INT32 in the config
+    response = encode_response(converted, request, tables, 3, None, None)
+    memo.learn_answer(request, converted, 3, response, response.SerializeToString(), tables)
+    assert memo.answer(request, converted, 3) is None
+    message = values_request(A, B)
+    message.outputs.add(name="OUTPUT1").parameters["classification"].int64_param = 1
+    classified = decode_request(message, tables, 3, None)
+    response = encode_response({"OUTPUT0": A, "OUTPUT1": B}, classified, tables, 3, None, None)
+    memo.learn_answer(classified, {"OUTPUT0": A, "OUTPUT1": B}, 3, response, response.SerializeToString(), tables)
+    assert memo.answer(classified, {"OUTPUT0": A, "OUTPUT1": B}, 3) is None
+
+
+class _Serving:
+    """A served version as ModelInfer uses it; ``submit`` answers at once (add one, times two)."""
+
+    def __init__(self, config: Any) -> None:
+        self.config, self.version, self.labels, self.name = config, 3, None, "pair"
+
+    def submit(self, request: Any, received_ns: int, answer: Any) -> None:
+        answer({"OUTPUT0": request.inputs["INPUT0"] + 1, "OUTPUT1": request.inputs["INPUT1"] * 2}, None)
+
+
+class _CountingRegions(SharedMemoryManager):
+    def __init__(self) -> None:
+        super().__init__()
+        self.leases = 0
+
+    def lease(self) -> Any:
+        self.leases += 1
+        return super().lease()
+
+
+def test_start_answers_repeats_with_the_full_paths_bytes_and_leases_no_shared_memory(
+    tables: ModelTables, tmp_path: Any,
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG)
+    serving, regions = _Serving(load_model_config(path, "pair")), _CountingRegions()
+    infer = ModelInfer(_Manager(latest={"pair": serving}), regions)  # type: ignore[arg-type]
+    for step in range(3):
+        message = values_request(A + step, B * step, id="r")
+        answers: list[Any] = []
+        infer.start(message, 0, lambda response, error: answers.append((response, error)), message.SerializeToString())
+        outputs = {"OUTPUT0": A + step + 1, "OUTPUT1": B * step * 2}
+        full = encode_response(outputs, decode_request(message, tables, 3, None), tables, 3, None, None)
+        assert answers == [(full.SerializeToString(), None)]
+    memo = infer.tables(serving).memo  # type: ignore[arg-type]
+    assert (memo.requests_planned, memo.answers_remembered) == (2, 2)
+    assert regions.leases == 0
+    named = values_request(A, B)
+    named.outputs.add(name="OUTPUT0").parameters["shared_memory_region"].string_param = "nowhere"
+    with pytest.raises(ModelNotFoundError, match="Unable to find shared memory region: 'nowhere'"):
+        infer.start(named, 0, lambda response, error: None, named.SerializeToString())
+    assert regions.leases == 1

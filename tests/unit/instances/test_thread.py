@@ -1,11 +1,11 @@
-"""The instance's own threads (nereid.instances.instance_threads.InstanceThreads): calls, and stopping."""
+"""The instance's own threads (nereid.instances.thread.InstanceThreads): calls, and stopping."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from nereid.instances.instance_threads import InstanceThreads
+from nereid.instances.thread import InstanceThreads
 
 
 def test_calls_run_on_the_instance_threads_and_stop_ends_every_thread() -> None:

@@ -2,11 +2,13 @@
 
 Three layers of one object (RFC 9113 and gRPC's "PROTOCOL-HTTP2"): ``lifecycle``
 (state, opening, timers, closing), ``control`` (SETTINGS, WINDOW_UPDATE, PING,
-RST_STREAM, GOAWAY and their allowances) and this module: the frames that carry calls.
+RST_STREAM, GOAWAY and their allowances; calls the transport ends, grpc-timeout
+included) and this module: the frames that carry calls.
 HEADERS/CONTINUATION open a stream (``headers``), DATA is cut into gRPC's length-prefixed
 messages (``compression`` inflates), each charged to the server's ``RequestBudget`` until
 its call is answered (one of at most ``SMALL_REQUEST`` bytes is only counted), and the
-client's window is given back as they are taken. The ``Calls`` object (``native.py``) is
+client's window is given back as they are taken. Each stream's ``CallHandler`` (the
+route of its ``:path`` in ``Calls.routes``, else the ``Calls`` object, ``native.py``) is
 told ``open``, ``message``, ``end`` and ``reset``, and answers with ``respond`` (one
 socket write when the windows allow), ``send_message`` and ``finish``: the Sender's.
 grpcio's asyncio server spent about four fifths of nereid's CPU per ModelInfer on its own
@@ -22,8 +24,7 @@ from nereid.grpc.h2.calls import Calls, Status
 from nereid.grpc.h2.compression import INLINE_INFLATE, TooLarge, inflate, inflate_cap
 from nereid.grpc.h2.control import ControlFrames, PingPolicy
 from nereid.grpc.h2.frames import (
-    FRAME_HEADER, MESSAGE_PREFIX, PREFACE, U32, ConnectionFailure, ErrorCode, Flag, FrameType, StreamFailure, frame,
-    unpad,
+    FRAME_HEADER, MESSAGE_PREFIX, PREFACE, U32, ConnectionFailure, ErrorCode, Flag, FrameType, StreamFailure, frame, unpad,
 )
 from nereid.grpc.h2.headers import CompressionFailure, HeaderBlocks, MalformedHeaders, PartialBlock
 from nereid.grpc.h2.lifecycle import ConnectionState, Keepalive
@@ -65,6 +66,7 @@ class GrpcConnection(ControlFrames):
         limits = self._limits
         self._buffer = bytearray()
         self._blocks = HeaderBlocks(limits.max_header_list)
+        self._routes = calls.routes
         self._header_block: PartialBlock | None = None
         self._recv_window = limits.connection_window
         self._recv_unacked = 0
@@ -86,7 +88,7 @@ class GrpcConnection(ControlFrames):
         self._sender.blocked.clear()
         for stream in streams:
             self._forget(stream)
-            self._calls.reset(self, stream)
+            stream.handler.reset(self, stream)
         self._calls.closed(self)
 
     # -- frames in -----------------------------------------------------------------------
@@ -210,11 +212,10 @@ class GrpcConnection(ControlFrames):
         """Calls whose client finished sending in the read just handled start now, unless
         the same read reset them (rapid reset then costs no request started and withdrawn)."""
         ended, self._ended = self._ended, []
-        end = self._calls.end
         for stream in ended:
             if stream.state is StreamState.HALF_CLOSED_REMOTE:
                 try:
-                    end(self, stream)
+                    stream.handler.end(self, stream)
                 except Exception as exc:
                     self._call_failed(stream.id, exc)
 
@@ -269,7 +270,7 @@ class GrpcConnection(ControlFrames):
     def _deliver(self, stream: GrpcStream, message: bytes) -> None:
         if stream.streaming:
             stream.backlog += 1
-        self._calls.message(self, stream, message)
+        stream.handler.message(self, stream, message)
 
     def _inflated(self, stream: GrpcStream, result: bytes | BaseException) -> None:
         if stream.state is StreamState.CLOSED:
@@ -374,14 +375,16 @@ class GrpcConnection(ControlFrames):
     def _header_block_done(self, stream_id: int, flags: int, block: bytes) -> None:
         stream = self.streams.get(stream_id)
         trailers = stream is not None or stream_id <= self._last_stream_id
-        try:
-            headers = self._blocks.decode(block, trailers=trailers)
-        except CompressionFailure as exc:
-            raise ConnectionFailure(ErrorCode.COMPRESSION_ERROR, str(exc)) from exc
-        except MalformedHeaders as exc:
-            _log.debug("gRPC: stream %d: malformed headers: %s", stream_id, exc)
-            self._last_stream_id = max(self._last_stream_id, stream_id)
-            raise StreamFailure(stream_id, ErrorCode.PROTOCOL_ERROR) from exc
+        headers = self._blocks.known.get(block)  # a block seen before is not decoded again
+        if headers is None:
+            try:
+                headers = self._blocks.decode(block, trailers=trailers)
+            except CompressionFailure as exc:
+                raise ConnectionFailure(ErrorCode.COMPRESSION_ERROR, str(exc)) from exc
+            except MalformedHeaders as exc:
+                _log.debug("gRPC: stream %d: malformed headers: %s", stream_id, exc)
+                self._last_stream_id = max(self._last_stream_id, stream_id)
+                raise StreamFailure(stream_id, ErrorCode.PROTOCOL_ERROR) from exc
         if trailers:  # the client's trailers, or a stream that is closed
             if stream is None or stream.state is not StreamState.OPEN:
                 raise StreamFailure(stream_id, ErrorCode.STREAM_CLOSED)
@@ -396,6 +399,7 @@ class GrpcConnection(ControlFrames):
             self._refuse_stream(stream_id)
             return
         stream = GrpcStream(stream_id, headers, self._sender.peer_stream_window, self._limits.stream_window)
+        stream.handler = self._routes.get(headers[b":path"], self._calls)
         self.streams[stream_id] = stream
         encoding = headers.get(b"grpc-encoding")
         if encoding is not None and encoding != b"identity":
@@ -403,7 +407,10 @@ class GrpcConnection(ControlFrames):
                 self.finish(stream, Status.UNIMPLEMENTED, f"Compression algorithm '{encoding.decode('latin-1')}' is not supported")
                 return
             stream.inflate = encoding.decode()
-        self._calls.open(self, stream)
+        timeout = headers.get(b"grpc-timeout")
+        if timeout is not None and not self._set_deadline(stream, timeout):
+            return
+        stream.handler.open(self, stream)
         if flags & _END_STREAM:
             self._remote_end(stream)
 
@@ -420,6 +427,8 @@ class GrpcConnection(ControlFrames):
         """The stream is closed: its budget goes back, its writer wakes."""
         stream.state = StreamState.CLOSED
         self._sender.blocked.pop(stream.id, None)
+        if stream.deadline is not None:
+            stream.deadline.cancel()
         if stream.unacked and self.state is not ConnectionState.CLOSED:
             self._give_connection_window(stream.unacked)
             stream.unacked = 0
@@ -439,34 +448,3 @@ class GrpcConnection(ControlFrames):
             self._write(frame(FrameType.RST_STREAM, 0, stream.id, U32.pack(ErrorCode.NO_ERROR)))
         if self.state is ConnectionState.DRAINING and not self.streams:
             self.close()
-
-    def _reset_by_client(self, stream: GrpcStream) -> None:
-        del self.streams[stream.id]
-        self._forget(stream)
-        self._calls.reset(self, stream)
-
-    def _stream_error(self, stream_id: int, code: int) -> None:
-        """RST_STREAM ``code``; the stream's call, if any, is reset."""
-        stream = self.streams.pop(stream_id, None)
-        self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(code)))
-        if stream is not None:
-            self._forget(stream)
-            self._calls.reset(self, stream)
-
-    def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
-        """A stream the transport cannot go on with: the call is cancelled, the client gets
-        ``status``."""
-        self._calls.reset(self, stream)
-        stream.pending.clear()
-        stream.pending_bytes = 0
-        self.finish(stream, status, message)
-
-    def _call_failed(self, stream_id: int, exc: Exception) -> None:
-        """An exception while handling a frame (a bug): the call on that stream fails with
-        INTERNAL, the connection goes on; one on the connection itself closes it."""
-        _log.error("gRPC: handling a frame of stream %d failed", stream_id, exc_info=exc)
-        stream = self.streams.get(stream_id)
-        if stream is not None and stream.state is not StreamState.CLOSED:
-            self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
-        elif not stream_id:
-            self._fail(ErrorCode.INTERNAL_ERROR, "internal error")

@@ -6,13 +6,17 @@ and PUSH_PROMISE (RFC 9113 6.2-6.9), and the allowances that bound how much of t
 client may send (``limits.TransportLimits``): a client past one is told GOAWAY
 ENHANCE_YOUR_CALM. ``GrpcConnection`` (``connection.py``) is this class with the frames
 that carry calls (HEADERS, CONTINUATION, DATA). Of these only WINDOW_UPDATE and PING are
-on a call's path (grpc-core clients send both with each call: BDP probing).
+on a call's path (grpc-core clients send both with each call: BDP probing). Here too:
+how the transport ends a call other than by its answer (the client's RST_STREAM, a
+stream error, a call's grpc-timeout passed, a failure while handling its frames).
 It builds on ``lifecycle.ConnectionLifecycle``.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -22,16 +26,21 @@ from nereid.grpc.h2.frames import (
 )
 from nereid.grpc.h2.lifecycle import ConnectionLifecycle, ConnectionState
 from nereid.grpc.h2.limits import Allowance
-from nereid.grpc.h2.stream import GrpcStream
+from nereid.grpc.h2.stream import GrpcStream, StreamState
+
+from nereid.grpc.h2.calls import Status
 
 if TYPE_CHECKING:
     from nereid.grpc.h2.calls import Calls
 
 __all__ = ["ControlFrames", "PingPolicy"]
 
+_log = logging.getLogger("nereid")
+
 _ACK = int(Flag.ACK)
 #: the frame header of a PING's ACK (grpc-core clients send a PING with each call)
 _PING_ACK = FRAME_HEADER.pack(0, 8, FrameType.PING, _ACK, 0)
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 #: the interval grpc asks between pings while no call is open (unless pings without calls
 #: are permitted)
 _PING_INTERVAL_WITHOUT_CALLS = 7200.0
@@ -49,7 +58,7 @@ class PingPolicy:
 class ControlFrames(ConnectionLifecycle):
     """The control-frame layer of a ``GrpcConnection``: it changes the connection's state,
     the Sender's view of the client (windows, frame size) and its streams' send windows,
-    and tells the connection (``_reset_by_client``) which stream the client reset."""
+    and ends the calls the transport ends."""
 
     def __init__(
         self, calls: Calls, schedule: Callable[[Callable[[], None]], Any] | None = None, refusal: str | None = None,
@@ -66,8 +75,8 @@ class ControlFrames(ConnectionLifecycle):
         self._sent_at_last_ping = 0
 
     @abc.abstractmethod
-    def _reset_by_client(self, stream: GrpcStream) -> None:
-        """The client reset ``stream`` (it is still in ``streams``): the call layer's."""
+    def _forget(self, stream: GrpcStream) -> None:
+        """The stream is closed: what it holds goes back (the call layer's)."""
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
@@ -209,3 +218,52 @@ class ControlFrames(ConnectionLifecycle):
     def _spend(self, allowance: Allowance, what: str) -> None:
         if not allowance.spend(self._calls.now):
             raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, f"too many {what}")
+
+    # -- calls ended by the transport (not by their answer) --------------------------------
+
+    def _set_deadline(self, stream: GrpcStream, value: bytes) -> bool:
+        """Time the call's grpc-timeout ("100m": 0.1 s); past it the call is reset and the
+        client told DEADLINE_EXCEEDED. False, the call refused, when it does not parse."""
+        unit = _TIMEOUT_UNITS.get(value[-1:])
+        if unit is None or not value[:-1].isdigit() or len(value) > 9:
+            self._sender.finish(stream, Status.INTERNAL, f"Invalid grpc-timeout {value.decode('latin-1')!r}")
+            return False
+        stream.deadline = asyncio.get_running_loop().call_later(int(value[:-1]) * unit, self._expire, stream)
+        return True
+
+    def _expire(self, stream: GrpcStream) -> None:
+        stream.deadline = None
+        if stream.state is not StreamState.CLOSED:
+            stream.handler.reset(self, stream)
+            self._sender.finish(stream, Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _reset_by_client(self, stream: GrpcStream) -> None:
+        del self.streams[stream.id]
+        self._forget(stream)
+        stream.handler.reset(self, stream)
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM ``code``; the stream's call, if any, is reset."""
+        stream = self.streams.pop(stream_id, None)
+        self._write(frame(FrameType.RST_STREAM, 0, stream_id, U32.pack(code)))
+        if stream is not None:
+            self._forget(stream)
+            stream.handler.reset(self, stream)
+
+    def _calls_error(self, stream: GrpcStream, status: int, message: str) -> None:
+        """A stream the transport cannot go on with: the call is cancelled, the client gets
+        ``status``."""
+        stream.handler.reset(self, stream)
+        stream.pending.clear()
+        stream.pending_bytes = 0
+        self._sender.finish(stream, status, message)
+
+    def _call_failed(self, stream_id: int, exc: Exception) -> None:
+        """An exception while handling a frame (a bug): the call on that stream fails with
+        INTERNAL, the connection goes on; one on the connection itself closes it."""
+        _log.error("gRPC: handling a frame of stream %d failed", stream_id, exc_info=exc)
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.state is not StreamState.CLOSED:
+            self._calls_error(stream, Status.INTERNAL, f"internal error: {exc}")
+        elif not stream_id:
+            self._fail(ErrorCode.INTERNAL_ERROR, "internal error")

@@ -5,7 +5,9 @@ arriving in CONTINUATION frames.
 Clients send the same header block for call after call (grpc-core indexes its headers once,
 then refers to them). A block seen before is not decoded again while the decoder's table
 is the same as when it was decoded; the table counts its changes (``version``), so any
-insertion, a re-insertion of the newest entry included, or a resize invalidates the cache.
+insertion, a re-insertion of the newest entry included, or a resize empties the cache
+(``known``) as the decoding that made it ends, however it ends: what ``known`` holds is
+always valid, and the connection looks a block up there before it calls ``decode``.
 Only small blocks are kept, and only a few of them: the cache stays a few kilobytes per
 connection.
 """
@@ -82,44 +84,40 @@ class _CountingTable(HeaderTable):
 
 
 class HeaderBlocks:
-    """Decodes a connection's header blocks (request headers and trailers) in order."""
+    """Decodes a connection's header blocks (request headers and trailers) in order.
+    ``known``: the blocks seen before and their header fields, valid as they are (any
+    change to the table empties it), so a caller may look a block up there first."""
 
-    __slots__ = ("_decoder", "_table", "_cache", "_cache_version")
+    __slots__ = ("_decoder", "_table", "known")
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._table = self._decoder.header_table = _CountingTable()
-        self._cache: dict[bytes, dict[bytes, bytes]] = {}
-        self._cache_version = 0
+        self.known: dict[bytes, dict[bytes, bytes]] = {}
 
     def decode(self, block: bytes, *, trailers: bool = False) -> dict[bytes, bytes]:
         """The block's header fields (a name sent twice keeps its last value).
         CompressionFailure when it cannot be decoded, MalformedHeaders when it decodes
         but is no valid request header list (or trailer list)."""
+        cached = self.known.get(block)
+        if cached is not None:
+            return cached
         table = self._table
-        if table.version != self._cache_version:
-            self._cache.clear()
-            self._cache_version = table.version
-        else:
-            cached = self._cache.get(block)
-            if cached is not None:
-                return cached
+        version = table.version
         try:
-            fields = self._decoder.decode(block, raw=True)
+            headers = _checked(self._decoder.decode(block, raw=True), trailers)
         except hpack.HPACKError as exc:
             raise CompressionFailure(f"cannot decode a header block: {exc}") from exc
-        headers = _checked(fields, trailers)
-        if table.version == self._cache_version:
-            if len(block) <= MAX_CACHED_BLOCK and len(self._cache) < MAX_CACHED_BLOCKS:
-                self._cache[block] = headers
-        else:
-            self._cache.clear()
-            self._cache_version = table.version
+        finally:
+            if table.version != version:  # the blocks seen before may mean something else now
+                self.known.clear()
+        if table.version == version and len(block) <= MAX_CACHED_BLOCK and len(self.known) < MAX_CACHED_BLOCKS:
+            self.known[block] = headers  # a block that changed the table cannot be replayed
         return headers
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._cache)
+        return len(self.known)
 
 
 def _checked(fields: Iterable[tuple[bytes | str, bytes | str]], trailers: bool) -> dict[bytes, bytes]:

@@ -43,8 +43,11 @@ class GrpcStream:
     #: what nereid may still send, and what the client may still send
     send_window: int
     recv_window: int
-    #: the Calls object's state for this stream
+    #: the CallHandler of this stream's call (h2/calls.py), and its state for the stream
+    handler: Any = None
     call: Any = None
+    #: the timer of the call's grpc-timeout, if it has one
+    deadline: asyncio.TimerHandle | None = None
     state: StreamState = StreamState.OPEN
     phase: ResponsePhase = ResponsePhase.NOTHING_SENT
     #: set by the Calls object when it opens a streaming call: each message is then

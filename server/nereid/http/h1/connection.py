@@ -14,7 +14,7 @@ byte is taken without the parser (a repeat: ``RepeatedHead``); when nothing else
 flight on the connection it is started at once, without a ``Request`` of its own (a
 direct start). ``ShortcutCounters`` counts both.
 
-Its life is a ``ConnectionState`` (the moves it may make: ``TRANSITIONS``): OPEN while it
+Its life is a ``ConnectionState`` (``state.py``, with the moves it may make): OPEN while it
 reads requests; LAST_REQUEST once reading stopped (a parse error, an upgrade, a refused
 request), answering what was read before closing; LINGERING after our FIN; CLOSED. Apart
 from it, two back-pressure signals: reading paused by us (MAX_PIPELINED requests wait)
@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import time
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -36,26 +33,18 @@ import httptools
 from nereid.http.h1.asgi_bridge import AsgiExchange, http_scope
 from nereid.http.h1.heads import response_head
 from nereid.http.h1.request_reader import RepeatedHead, Request, RequestReader, refusal
+from nereid.http.h1.state import TRANSITIONS, ConnectionState
 
 if TYPE_CHECKING:
     from nereid.http.h1.server import NativeServer
 
-__all__ = ["Connection", "ConnectionState", "MAX_PIPELINED", "TRANSITIONS"]
+__all__ = ["Connection", "MAX_PIPELINED"]
 
 #: Complete requests a connection may hold unanswered (pipelining) before it stops reading.
 MAX_PIPELINED = 16
 #: How long a closing connection reads and drops what its client still sends (close()).
 LINGER_S = 2.0
 _BAD_REQUEST = b'{"error":"Invalid HTTP request received."}'
-
-
-class ConnectionState(enum.Enum):
-    """Where one HTTP/1.1 connection is in its life."""
-
-    OPEN = "reading requests and answering them in order"
-    LAST_REQUEST = "reading stopped (parse error, upgrade, refused request): answering what was read, then closing"
-    LINGERING = "closed by us: FIN sent, what the client still sends is read and dropped until it closes"
-    CLOSED = "gone: nothing more is read, started or written"
 
 
 _OPEN = ConnectionState.OPEN
@@ -65,16 +54,6 @@ _CLOSED = ConnectionState.CLOSED
 #: the states in which requests are still answered (tuples: the hot path tests membership)
 _ANSWERING = (_OPEN, _LAST_REQUEST)
 _GONE = (_LINGERING, _CLOSED)
-
-#: The moves a connection may make (staying CLOSED or LAST_REQUEST is allowed: a second
-#: connection_lost, a second refusal). Anything else is a bug, raised at once.
-TRANSITIONS: Mapping[ConnectionState, frozenset[ConnectionState]] = MappingProxyType({
-    _OPEN: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
-    _LAST_REQUEST: frozenset({_LAST_REQUEST, _LINGERING, _CLOSED}),
-    _LINGERING: frozenset({_CLOSED}),
-    _CLOSED: frozenset({_CLOSED}),
-})
-
 
 class Connection(asyncio.Protocol):
     """One client connection: parses requests and answers them one at a time, in order."""

@@ -3,6 +3,7 @@ framing, flow control, the header-block cache, and the calls it reports."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import struct
 import zlib
@@ -26,7 +27,7 @@ from nereid.grpc.h2.connection import (
     PingPolicy,
     Status,
 )
-from tests.unit.manual_clock import next_turn
+from tests.unit.manual_clock import next_turn, until
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -79,6 +80,7 @@ class RecordingCalls:
         self.messages: dict[int, list[bytes]] = {}
         self.on_end: Any = None
         self.closed_connections = 0
+        self.routes: dict[bytes, Any] = {}
 
     def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
         self.events.append(("open", stream.id, stream.headers))
@@ -526,3 +528,53 @@ def test_streams_past_the_advertised_limit_are_refused_and_the_others_go_on() ->
     client.transport.run_scheduled()
     assert bytes(client.transport.written) == struct.pack(">BHBBL", 0, 4, 3, 0, stream_id) + struct.pack(">L", 7)
     assert len(client.server.streams) == MAX_CONCURRENT_STREAMS  # REFUSED_STREAM; the others stay open
+
+
+def test_a_routed_path_goes_to_its_handler_and_every_other_to_the_calls() -> None:
+    calls, routed = RecordingCalls(), RecordingCalls()
+    calls.routes = {PATH.encode(): routed}
+    routed.on_end = answer_with(b"routed")
+    calls.on_end = answer_with(b"general")
+    client = Client(calls)
+    first = client.call(b"a")
+    second = client.call(b"b", path="/inference.GRPCInferenceService/ServerLive")
+    client.pump()
+    assert [(kind, stream) for kind, stream, _ in routed.events] == [("open", first), ("message", first), ("end", first)]
+    assert [(kind, stream) for kind, stream, _ in calls.events] == [("open", second), ("message", second), ("end", second)]
+    assert client.responses(first)[1] == grpc_message(b"routed")
+    assert client.responses(second)[1] == grpc_message(b"general")
+
+
+def test_a_call_past_its_grpc_timeout_is_reset_and_told_deadline_exceeded() -> None:
+    async def scenario() -> None:
+        calls = RecordingCalls()  # never answers
+        client = Client(calls)
+        late = client.call(b"x", headers=[("grpc-timeout", "1n")])
+        in_time = client.call(b"y", headers=[("grpc-timeout", "100S")])
+        client.pump()
+        await until(lambda: ("reset", late, None) in calls.events)  # the 1 ns timer is due at once
+        client.pump()
+        assert ("reset", late, None) in calls.events and ("reset", in_time, None) not in calls.events
+        blocks, _, ended = client.responses(late)
+        assert ended and blocks[-1][b"grpc-status"] == str(Status.DEADLINE_EXCEEDED).encode()
+        assert blocks[-1][b"grpc-message"] == b"Deadline Exceeded"
+        deadline = client.server.streams[in_time].deadline
+        assert deadline is not None
+        client.server.respond(client.server.streams[in_time], b"done")
+        assert deadline.cancelled()  # answered: its timer goes with the stream
+
+    asyncio.run(scenario())
+
+
+def test_a_grpc_timeout_that_does_not_parse_is_internal_and_the_call_never_opens() -> None:
+    async def scenario() -> None:
+        calls = RecordingCalls()
+        client = Client(calls)
+        stream_id = client.call(b"x", headers=[("grpc-timeout", "soon")])
+        client.pump()
+        assert not calls.events
+        blocks, _, ended = client.responses(stream_id)
+        assert ended and blocks[-1][b"grpc-status"] == str(Status.INTERNAL).encode()
+        assert blocks[-1][b"grpc-message"] == b"Invalid grpc-timeout 'soon'"
+
+    asyncio.run(scenario())

@@ -46,11 +46,13 @@ class _Infer:
     """ModelInfer: an answer whose one output holds ``int(request.id)`` bytes."""
 
     @staticmethod
-    def start(request: Any, received_ns: int, answer: Callable[[Any, BaseException | None], None]) -> _Ticket:
+    def start(
+        request: Any, received_ns: int, answer: Callable[[Any, BaseException | None], None], data: bytes | None = None,
+    ) -> _Ticket:
         size = int(request.id)
         asyncio.get_running_loop().call_soon(answer, service_pb2.ModelInferResponse(
             model_name=request.model_name, id=request.id, raw_output_contents=[bytes(size)],
-        ), None)
+        ).SerializeToString(), None)
         return _Ticket()
 
 

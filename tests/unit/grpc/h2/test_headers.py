@@ -116,3 +116,21 @@ def test_trailers_carry_no_pseudo_headers_and_bad_blocks_are_compression_failure
         HeaderBlocks(16 << 10).decode(indexed(70))  # no such entry
     with pytest.raises(CompressionFailure):  # a decoded list over the advertised size
         HeaderBlocks(1024).decode(hpack.Encoder().encode(REQUEST + [(b"x-a", b"v" * 2000)]))
+
+
+def test_a_block_that_changes_the_table_and_then_fails_its_checks_empties_the_known_blocks() -> None:
+    """``known`` is read by the connection without calling ``decode``: it must never hold
+    a block the table no longer means the same way, whatever ended the decoding."""
+    blocks = HeaderBlocks(16 << 10)
+    reference = hpack.Decoder()
+    first = inserted(NAMES[0], VALUES[1])
+    assert blocks.decode(first, trailers=True) == reference_dict(reference, first)
+    refer = indexed(62)
+    assert blocks.decode(refer, trailers=True) == reference_dict(reference, refer)
+    assert refer in blocks.known
+    bad = inserted(NAMES[1], VALUES[2]) + plain(b"X-Upper", b"1")  # inserts, then breaks RFC 9113 8.2
+    with pytest.raises(MalformedHeaders):
+        blocks.decode(bad, trailers=True)
+    reference_dict(reference, bad)
+    assert blocks.known == {}
+    assert blocks.decode(refer, trailers=True) == reference_dict(reference, refer) == {NAMES[1]: VALUES[2]}

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from nereid.http.app import NereidApp
 from nereid.http.h1.server import NativeServer, ShortcutCounters
-from nereid.http.h1.connection import LINGER_S, MAX_PIPELINED, TRANSITIONS, ConnectionState
+from nereid.http.h1.connection import LINGER_S, MAX_PIPELINED
+from nereid.http.h1.state import ConnectionState
 from tests.unit.native_harness import NativeHarness, StubEndpoints, get, infer, responses, split_at, stub_asgi
 
 T = TypeVar("T")
@@ -477,12 +478,3 @@ def test_a_connection_past_max_connections_is_refused_and_closed_at_once() -> No
         assert harness.connection.state is ConnectionState.CLOSED and harness.transport.closed
 
     run(scenario)
-
-
-def test_the_transition_table_never_leads_back_to_reading_and_every_state_can_close() -> None:
-    assert set(TRANSITIONS) == set(ConnectionState)
-    for state, reachable in TRANSITIONS.items():
-        assert ConnectionState.CLOSED in reachable, state
-        assert ConnectionState.OPEN not in reachable, state
-    assert TRANSITIONS[ConnectionState.LINGERING] == {ConnectionState.CLOSED}
-    assert TRANSITIONS[ConnectionState.CLOSED] == {ConnectionState.CLOSED}
