@@ -42,7 +42,8 @@ Modules: ``arena`` (the shared region and its ring), ``messages`` (control messa
 their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
 requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
 the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
-main process's side of one worker), ``shared_limits`` (limits held server-wide),
+main process's side of one worker), ``link_answers`` (how each request a worker hands
+over is answered), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life).
 
 The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a

@@ -9,7 +9,8 @@ app's infer flow (``Endpoints.start_infer``, the same call the native engine mak
 the request joins the same queue and batches as every other) and its ASGI messages into
 the main app (``AsgiExchange``, as the native engine runs any other request); those
 answers go back as ANSWER messages, their bodies written into the arena's answer half.
-Counts the requests that came through the worker.
+Each request is answered through its own answer object (link_answers.py). Counts the
+requests that came through the worker.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from nereid.frontends.arena import Arena, Ring
 from nereid.frontends.layout import (
     layout_size, read_arrays, read_blocks, row_signature, rows_size, write_arrays, write_rows,
 )
+from nereid.frontends.link_answers import DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.http._asgi import error_parts
 from nereid.http.app import NereidApp
@@ -36,97 +38,10 @@ __all__ = ["WorkerLink"]
 _log = logging.getLogger("nereid")
 
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
-_ANSWER, _START, _BODY, _CLOSE = Kind.ANSWER.value, Kind.START.value, Kind.BODY.value, Kind.CLOSE.value
-_DONE = Kind.DONE.value
+_ANSWER, _DONE = Kind.ANSWER.value, Kind.DONE.value
 _DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
     Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
     Kind.RESULTS.value)
-
-
-class _InferAnswer:
-    """The Responder of one forwarded infer request."""
-
-    __slots__ = ("link", "id")
-
-    def __init__(self, link: WorkerLink, id: int) -> None:
-        self.link = link
-        self.id = id
-
-    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        self.link.answer(self.id, status, headers, [body], False)
-
-    def reply_repeat(self, headers: tuple[tuple[bytes, bytes], ...], parts: list[Any]) -> None:
-        self.link.answer(self.id, 200, headers, parts, True)
-
-
-class _DecodedAnswer:
-    """How a request the worker decoded is answered (an ``Answer``, pending.py): its
-    outputs into the arena with the others of this loop turn (RESULTS), its error as a
-    whole response (ANSWER), or, withdrawn, DONE. The first answer counts."""
-
-    __slots__ = ("link", "id", "serving", "answered")
-
-    def __init__(self, link: WorkerLink, id: int, serving: ServingModel) -> None:
-        self.link = link
-        self.id = id
-        self.serving = serving
-        self.answered = False
-
-    def done(self) -> bool:
-        return self.answered
-
-    def set_result(self, outputs: Any) -> None:
-        if not self.answered:
-            self.answered = True
-            self.link.answered(self.id, self.serving.version, outputs)
-
-    def set_exception(self, error: BaseException) -> None:
-        if self.answered:
-            return
-        self.answered = True
-        link = self.link
-        link.tickets.pop(self.id, None)
-        if isinstance(error, asyncio.CancelledError):
-            link.send((_DONE, self.id))  # the server is stopping: nobody to answer
-        elif isinstance(error, NereidError):
-            link.send_error(self.id, error)
-        else:
-            link.send_error(self.id, InternalError(f"internal error in infer on model '{self.serving.name}': {error}"))
-
-    def cancel(self) -> None:
-        """Withdrawn (its client went away): the worker may reuse its block."""
-        self.set_exception(asyncio.CancelledError())
-
-
-class _ForwardedExchange:
-    """The Responder (asgi_bridge's) of one forwarded request: its parts go back as messages."""
-
-    __slots__ = ("link", "id", "gone", "exchange")
-
-    def __init__(self, link: WorkerLink, id: int) -> None:
-        self.link = link
-        self.id = id
-        self.gone = False
-        self.exchange: AsgiExchange | None = None
-
-    def reply(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        self.link.finished(self.id)
-        self.link.send((_ANSWER, self.id, status, headers, -1, len(body), bytes(body), False))
-
-    def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.link.send((_START, self.id, status, headers))
-
-    def send_body(self, body: bytes, more: bool) -> None:
-        if not more:
-            self.link.finished(self.id)
-        self.link.send((_BODY, self.id, bytes(body), more))
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.link.finished(self.id)
-        self.link.send((_CLOSE, self.id))
 
 
 class WorkerLink(asyncio.Protocol):
@@ -156,7 +71,7 @@ class WorkerLink(asyncio.Protocol):
         self._tokens = 0
         #: request templates the worker numbered (decoding.py)
         self._templates: dict[int, tuple[Any, ...]] = {}
-        self._exchanges: dict[int, _ForwardedExchange] = {}
+        self._exchanges: dict[int, ForwardedExchange] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
         #: decoded requests' outputs answered over this loop turn: sent together at the
@@ -237,7 +152,7 @@ class WorkerLink(asyncio.Protocol):
             if len(self._headers) >= 256:
                 self._headers.clear()
             self._headers[fields] = headers
-        answer = _InferAnswer(self, id)
+        answer = InferAnswer(self, id)
         ticket = self.app.endpoints.start_infer(name, version_text, headers, body, received_ns, answer)
         if ticket is not None and self._outbox is not None:
             self.tickets[id] = ticket
@@ -288,7 +203,7 @@ class WorkerLink(asyncio.Protocol):
 
     def _submit(self, token: int, template: tuple[Any, ...], messages: list[tuple[Any, ...]]) -> None:
         """Queue decoded requests of one template (``ServingModel.submit_many``): each its
-        own queue entry, answered through its own ``_DecodedAnswer``. Their inputs are
+        own queue entry, answered through its own ``DecodedAnswer``. Their inputs are
         read as one strided view per name when their blocks are evenly spaced (they
         are, unless the ring wrapped)."""
         serving = self._announced.get(token)
@@ -312,7 +227,7 @@ class WorkerLink(asyncio.Protocol):
         name, version = serving.name, serving.version
         requests = [InferRequest(name, arrays, rows, message[6], version, outputs, dict(parameters), priority,
                                  timeout_us, binary) for message, arrays in zip(messages, inputs)]
-        answers = [_DecodedAnswer(self, message[1], serving) for message in messages]
+        answers = [DecodedAnswer(self, message[1], serving) for message in messages]
         try:
             tickets = serving.submit_many(requests, [message[7] for message in messages], answers, priority=priority,
                                           timeout_us=timeout_us)
@@ -435,7 +350,7 @@ class WorkerLink(asyncio.Protocol):
     def _forwarded(self, id: int, scope: dict[str, Any], body: bytes) -> None:
         self.requests += 1
         scope["state"] = dict(self._state)
-        responder = _ForwardedExchange(self, id)
+        responder = ForwardedExchange(self, id)
         exchange = responder.exchange = AsgiExchange(responder, self.app, scope)
         self._exchanges[id] = responder
         task = self._loop.create_task(exchange.run(body))

@@ -17,72 +17,11 @@ import pytest
 from nereid.scheduling.batcher import DynamicBatcher
 from nereid.scheduling.clock import SYSTEM_CLOCK
 from nereid.config.schema import DynamicBatching, QueuePolicy
-from nereid.errors import ModelExecutionError, NereidError, QueueFullError, RequestTimeoutError, UnavailableError
+from nereid.errors import ModelExecutionError, QueueFullError, RequestTimeoutError, UnavailableError
 from nereid.stats import ModelStats
 from tests.unit.manual_clock import ManualClock, settle, until, next_turn
+from tests.unit.scheduling.batcher_fakes import FakeInstance, Outcome, StoppingBatcher, make, run
 
-
-@dataclass(frozen=True)
-class Outcome:
-    outputs: list[Any] | None
-    error: NereidError | None
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    began_ns: int = 0
-    ended_ns: int = 0
-
-
-@dataclass
-class FakeInstance:
-    """Doubles every item; fails any batch holding an item equal to ``poison``."""
-
-    name: str = "fake_0"
-    capacity: int = 1
-    problem: str | None = None
-    enforces_timeout: bool = False
-    queues_batches: bool = False
-    poison: Any = None
-    gate: asyncio.Event | None = None
-    batches: list[list[Any]] = field(default_factory=list)
-
-    @property
-    def cost_function(self) -> None:
-        return None
-
-    async def run_batch(self, items: Sequence[Any]) -> Outcome:
-        self.batches.append(list(items))
-        if self.gate is not None:
-            await self.gate.wait()
-        await next_turn()
-        if self.poison is not None and self.poison in items:
-            return Outcome(None, ModelExecutionError(f"model raised on {self.poison}"))
-        return Outcome([item * 2 for item in items], None)
-
-
-class _Batcher(DynamicBatcher):
-    """A check failing inside ``async with`` stops the batcher at once instead of draining
-    it: an instance held at a gate would keep the drain, and so the test, waiting."""
-
-    async def __aexit__(self, exc_type: object, *rest: object) -> None:
-        await self.aclose(drain_timeout=0 if exc_type is not None else None)
-
-
-def make(
-    instances: list[FakeInstance], max_batch_size: int = 8, clock: ManualClock | None = None, **batching: Any
-) -> DynamicBatcher:
-    return _Batcher(
-        model_name="m",
-        max_batch_size=max_batch_size,
-        dynamic_batching=DynamicBatching(**batching),
-        instances=instances,
-        stats=ModelStats("m", 1),
-        clock=clock or ManualClock(),
-    )
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 def test_a_burst_with_a_long_queue_delay_forms_one_batch() -> None:
@@ -267,32 +206,6 @@ def test_a_cancelled_caller_takes_its_request_out_of_the_queue() -> None:
     run(scenario())
 
 
-def test_closing_drains_queued_requests_without_waiting_out_the_delay() -> None:
-    async def scenario() -> None:
-        instance = FakeInstance()
-        batcher = make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9)
-        await batcher.__aenter__()
-        calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
-        await until(lambda: batcher.queue_depth == 3)
-        await settle()
-        assert instance.batches == []  # waiting out the (1000 s) delay
-        await batcher.aclose()
-        assert await asyncio.gather(*calls) == [0, 2, 4]
-
-    run(scenario())
-
-
-def test_set_max_batch_size_applies_to_later_batches() -> None:
-    async def scenario() -> None:
-        instance = FakeInstance()
-        async with make([instance], max_batch_size=8, max_queue_delay_microseconds=10**9) as batcher:
-            batcher.set_max_batch_size(2)
-            await asyncio.gather(*(batcher.infer(i) for i in range(4)))
-        assert [len(b) for b in instance.batches] == [2, 2]
-
-    run(scenario())
-
-
 # 100 µs waits go to the precise timer, 5 ms ones to the loop's call_at (1 ms steps).
 @pytest.mark.parametrize("delay_us", [100, 5_000])
 def test_a_partial_batch_leaves_once_its_oldest_request_waited_the_queue_delay(delay_us: int) -> None:
@@ -316,21 +229,6 @@ def test_a_partial_batch_leaves_once_its_oldest_request_waited_the_queue_delay(d
         # Queue times, exactly: the first waited the whole delay, the others half of it.
         assert batcher.stats.queue.ns == delay_ns + 2 * (delay_ns // 2)
         assert clock.pending == []
-
-    run(scenario())
-
-
-def test_set_max_queue_delay_wakes_a_batch_that_waits_out_the_old_delay() -> None:
-    async def scenario() -> None:
-        clock = ManualClock()
-        instance = FakeInstance()
-        async with make([instance], max_batch_size=8, clock=clock, max_queue_delay_microseconds=10**9) as batcher:
-            calls = [asyncio.ensure_future(batcher.infer(i)) for i in range(3)]
-            await until(lambda: batcher.queue_depth == 3 and clock.pending)
-            batcher.set_max_queue_delay(0)
-            await until(lambda: all(call.done() for call in calls))
-            assert [call.result() for call in calls] == [0, 2, 4]
-        assert instance.batches == [[0, 1, 2]]
 
     run(scenario())
 
@@ -366,7 +264,7 @@ class FakeStreamingInstance:
 
 
 def make_streaming(instance: FakeStreamingInstance, **batching: Any) -> DynamicBatcher:
-    return _Batcher(
+    return StoppingBatcher(
         model_name="s", max_batch_size=8, dynamic_batching=DynamicBatching(**batching),
         instances=[instance], stats=ModelStats("s", 1), streaming=True, clock=ManualClock(),
     )
