@@ -66,7 +66,7 @@ collect_ignore = ["triton_examples"]
 # -- --workers: the e2e suite through front-end worker processes ---------------------------
 #
 # ``pytest --workers N`` starts every server (start_server) with ``--http-workers N`` unless
-# the test chooses its workers, another HTTP engine or HTTPS itself.
+# the test chooses its workers or another HTTP engine itself.
 
 #: --http-workers of the servers tests start; set from the command line in pytest_configure.
 WORKERS = 1
@@ -449,7 +449,7 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
         command += ["--grpc-port", str(grpc_port)]
     if engine is not None:
         command += ["--http-server", engine]
-    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server", "--http-use-ssl"} & set(args):
+    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server"} & set(args):
         command += ["--http-workers", str(WORKERS)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:

@@ -94,14 +94,14 @@ class _AsgiCall:
 
 class MainLink(asyncio.Protocol):
     """The worker's end of the socket pair to the main process, with the arena they share.
-    ``options`` resolves with the first message (the server's options and this worker's
-    index); ``stopped`` is set on STOP or when the main process goes away."""
+    ``options`` resolves with the first message (the server's options, this worker's
+    index and its HTTPS settings or None); ``stopped`` is set on STOP or when the main process goes away."""
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
         self.ring = Ring(len(arena.requests))
         loop = asyncio.get_running_loop()
-        self.options: asyncio.Future[tuple[Any, int]] = loop.create_future()
+        self.options: asyncio.Future[tuple[Any, int, Any]] = loop.create_future()
         self.stopped = asyncio.Event()
         self.main_gone = False
         self._loop = loop
@@ -247,7 +247,7 @@ class MainLink(asyncio.Protocol):
         elif kind == _RETRY:
             self._retry(message[1])
         elif kind == _OPTIONS and not self.options.done():
-            self.options.set_result((message[1], message[2]))
+            self.options.set_result((message[1], message[2], message[3]))
         else:
             _log.error("front-end worker: unexpected message %r from the main process", message[:2])
 

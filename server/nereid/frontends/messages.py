@@ -37,7 +37,7 @@ class Kind(enum.IntEnum):
     #: (DECODED, id, token, template id, template or None, offset, request id, received_ns):
     #: a request decoded in the worker (decoding.py), its tensors at ``offset``
     DECODED = 5
-    #: (OPTIONS, ServerOptions, worker index)
+    #: (OPTIONS, ServerOptions, worker index, TlsFiles or None)
     OPTIONS = 10
     #: (ANSWER, id, status, headers, offset, length, inline body or None, repeat):
     #: a whole response (``repeat``: Responder.reply_repeat's headers, content-length in)

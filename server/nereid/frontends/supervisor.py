@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -27,6 +28,7 @@ from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import SharedLimits
 from nereid.http.app import NereidApp
 from nereid.network.listening import listen
+from nereid.network.tls import TlsFiles
 from nereid.options import ServerOptions
 
 __all__ = ["FrontEnds"]
@@ -53,14 +55,17 @@ class FrontEnds:
     """``count`` front-end worker processes serving HTTP for ``app`` (the main process's
     app, whose lifespan ``state`` forwarded requests see). ``await start()`` binds and
     starts them (raises StartupError when the port cannot be bound); ``await stop()``
-    lets them drain and waits for them (killing those past ``exit_timeout_secs``)."""
+    lets them drain and waits for them (killing those past ``exit_timeout_secs``).
+    ``tls``: they serve HTTPS with these settings (each worker reads the files)."""
 
     def __init__(
         self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int, limits: SharedLimits,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.app = app
         self.options = options
         self.count = count
+        self.tls = tls
         #: the connection and request-bytes rows: one per worker (its index), the main
         #: process's last
         self.limits = limits
@@ -126,9 +131,15 @@ class FrontEnds:
         _, link = await loop.create_unix_connection(
             lambda: WorkerLink(self.app, arena, self._state, index), sock=ours
         )
-        link.send((Kind.OPTIONS.value, self.options, index))
+        link.send((Kind.OPTIONS.value, self.options, index, self.tls))
         _log.debug("HTTP front-end worker %d started (pid %d)", index, process.pid)
         return _Worker(index, process, link, arena, time.monotonic())
+
+    def reload_certificates(self) -> None:
+        """Every worker reads its server certificate and key again (SIGHUP passed on)."""
+        for worker in self._workers.values():
+            if worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGHUP)
 
     async def _watch(self, index: int) -> None:
         """Restart worker ``index`` whenever it exits before the server stops."""
