@@ -3,7 +3,8 @@ socket, with infer requests and everything else handed to the main process
 (forwarding.py). Started and restarted by supervisor.py; runs no model code.
 
 Its command line (supervisor.py writes it): listening socket, link socket and arena file
-descriptors, the arena's size, and the shared limits' descriptor and row count. The
+descriptors, the arena's size, the shared limits' descriptor and row count, and the
+shared generation's descriptor (directory_sync.py). The
 server's options (and its HTTPS settings, when it serves HTTPS) come as the link's first
 message; with HTTPS the worker reads the certificates itself and wraps its connections as
 the single-process server does (network/tls.py), and reads them again on SIGHUP (the main
@@ -22,7 +23,9 @@ import sys
 from typing import cast
 
 from nereid.frontends.arena import Arena
+from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.forwarding import MainLink, WorkerApp
+from nereid.frontends.local_answers import LocalAnswers
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits, SharedRequestBudget
 from nereid.http.app import NereidApp
 from nereid.http.h1.limits import ConnectionLimits
@@ -48,7 +51,7 @@ class _WorkerServer(NativeServer):
 
 def main(argv: list[str] | None = None) -> None:
     """The worker's entry point:
-    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows])``."""
+    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd])``."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop handles it: a reload must not end the worker
@@ -60,10 +63,13 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(_serve(*fds))
 
 
-async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int) -> None:
+async def _serve(
+    listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int, generation_fd: int,
+) -> None:
     loop = asyncio.get_running_loop()
     arena = Arena.attach(arena_fd, arena_size)
-    _, link = await loop.create_unix_connection(lambda: MainLink(arena), sock=socket.socket(fileno=link_fd))
+    directory = DirectoryCopy(SharedGeneration.attach(generation_fd))
+    _, link = await loop.create_unix_connection(lambda: MainLink(arena, directory), sock=socket.socket(fileno=link_fd))
     options, index, tls_files = await link.options
     assert isinstance(options, ServerOptions)
     configure_logging(
@@ -76,7 +82,7 @@ async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, l
     loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
     link.max_json_size = options.http_max_input_size
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
-    app = WorkerApp(link, restricted_inference=restricted)
+    app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options))
     shared = SharedLimits.attach(limits_fd, rows)
     server = _WorkerServer(
         # NativeServer uses of its app only what WorkerApp has: match_infer, infer_guard,
@@ -91,7 +97,7 @@ async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, l
         await server.serve(link.stopped, fd=listen_fd, tls=tls)
     finally:
         socket.socket(fileno=listen_fd).close()
-    _log.debug("HTTP front-end worker %d stopped", index)
+    _log.debug("HTTP front-end worker %d stopped (%d requests answered here)", index, app.local.answered if app.local else 0)
 
 
 def _tls_context(files: TlsFiles | None, index: int) -> ssl.SSLContext | None:
