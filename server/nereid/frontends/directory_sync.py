@@ -4,10 +4,10 @@ older than what the main process has confirmed.
 
 The main process's ``DirectoryPublisher`` takes a new picture after each change the
 manager reports (``ModelManager.on_change``: loads, unloads, states, start-up, shutdown)
-and each change of a READY version's ``problem`` (an instance restarting or stuck, which
-changes on its own: looked at every ``PROBLEMS_EVERY_S``), and sends each worker what
-changed (a DIRECTORY message: the models whose facts changed, by name). A worker that
-joins gets the whole picture.
+and sends each worker what changed (a DIRECTORY message: the models whose facts changed,
+by name). A worker that joins gets the whole picture. A READY version's ``problem`` (a
+process instance restarting, a batch stuck past its timeout) changes on its own, unseen:
+readiness that reads one that can is left to the main process (``Directory.settled``).
 
 Ordering: a message can be read by a worker after a request that a client sent once the
 main process confirmed a change (a load answered through another worker, or over gRPC).
@@ -30,10 +30,7 @@ from nereid.frontends.messages import Kind
 from nereid.models.directory import Directory, ModelFacts
 from nereid.models.manager import ModelManager
 
-__all__ = ["DirectoryCopy", "DirectoryPublisher", "PROBLEMS_EVERY_S", "SharedGeneration"]
-
-#: how often the main process looks for a READY version's problem having changed (s)
-PROBLEMS_EVERY_S = 0.1
+__all__ = ["DirectoryCopy", "DirectoryPublisher", "SharedGeneration"]
 
 _DIRECTORY = Kind.DIRECTORY.value
 
@@ -72,32 +69,23 @@ class SharedGeneration:
 
 class DirectoryPublisher:
     """The main process's side: pictures of ``manager`` for every worker's link.
-    ``start()`` follows the manager's changes (and looks for problems every
-    ``every_s``); ``aclose()`` stops; ``join(index, link)`` sends a worker the whole
-    picture, and the changes from then on."""
+    ``start()`` follows the manager's changes, ``close()`` stops; ``join(index, link)``
+    sends a worker the whole picture, and the changes from then on."""
 
-    def __init__(self, manager: ModelManager, generation: SharedGeneration, every_s: float = PROBLEMS_EVERY_S) -> None:
+    def __init__(self, manager: ModelManager, generation: SharedGeneration) -> None:
         self.manager = manager
         self.generation = generation
-        self.every_s = every_s
         #: each worker's link (frontends.link.WorkerLink: what is used of it is ``send``)
         self._links: dict[int, Any] = {}
         self._sent: Directory | None = None
         self._scheduled = False
-        #: each READY version's problem when the last picture was taken
-        self._problems: tuple[tuple[int, str | None], ...] = ()
-        self._watcher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.manager.on_change.append(self.changed)
-        self._watcher = asyncio.create_task(self._watch_problems(), name="nereid-frontend-directory")
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         if self.changed in self.manager.on_change:
             self.manager.on_change.remove(self.changed)
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
 
     def join(self, index: int, link: Any) -> None:
         """Worker ``index`` (a new one, or one replacing it) and its link."""
@@ -105,7 +93,6 @@ class DirectoryPublisher:
         directory = Directory.of(self.manager)  # now: changes not yet published are in it
         if self._sent is None:
             self._sent = directory
-            self._problems = self._problems_now()
         link.send(_message(self.generation.read(), directory, directory.models, whole=True))
 
     def changed(self) -> None:
@@ -125,21 +112,9 @@ class DirectoryPublisher:
         }
         changes.update((name, None) for name in before if name not in directory.models)
         self._sent = directory
-        self._problems = self._problems_now()
         message = _message(self.generation.read(), directory, changes, whole=False)
         for link in self._links.values():
             link.send(message)
-
-    async def _watch_problems(self) -> None:
-        """Every ``every_s``: a READY version whose ``problem`` changed is a change."""
-        while True:
-            await asyncio.sleep(self.every_s)
-            if not self._scheduled and self._problems_now() != self._problems:
-                self.changed()
-
-    def _problems_now(self) -> tuple[tuple[int, str | None], ...]:
-        """Each READY version's problem, as the last picture sent saw them."""
-        return tuple((id(serving), serving.problem) for serving in self.manager.serving_models())
 
 
 def _message(generation: int, directory: Directory, models: Mapping[str, ModelFacts | None], *,

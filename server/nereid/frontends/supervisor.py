@@ -196,7 +196,7 @@ class FrontEnds:
             worker.arena.close()
         for sock in self._sockets:
             sock.close()
-        await self.directory.aclose()
+        self.directory.close()
         self._generation.close()
         _log.info("HTTP front-end workers stopped; requests through each: %s (decoded there: %s)",
                   ", ".join(str(count) for count in self.requests()),

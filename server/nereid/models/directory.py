@@ -4,9 +4,10 @@ and config away from it (a front-end worker), word for word as the manager would
 ``Lookup`` is what those answers read (``models.admin``'s ``why_not_ready``,
 ``model_metadata``, ``model_config`` and server readiness): the ModelManager is one, a
 Directory another. A Directory holds, per model the manager knows, the READY versions
-(number, config, config JSON, problem) and the reasons the index gives, so ``get`` raises
-the same error with the same words (``states.not_serving_error``); it is made of plain
-records that pickle. Knows no HTTP and no processes.
+(number, config, config JSON, problem and whether it can change on its own) and the
+reasons the index gives, so ``get`` raises the same error with the same words
+(``states.not_serving_error``); it is made of plain records that pickle. Knows no HTTP
+and no processes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from nereid.config.schema import ModelConfig
+from nereid.errors import NereidError
 from nereid.models.manager import ModelManager
 from nereid.models.states import not_serving_error
 
@@ -44,13 +46,16 @@ class Lookup(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class VersionFacts:
-    """A READY version: its number, config (records and Triton JSON) and why none of its
-    instances can serve now (None: one can)."""
+    """A READY version: its number, config (records and Triton JSON), why none of its
+    instances can serve (None: one can) when the picture was taken, and whether that
+    can change on its own (``ServingModel.settled``: if not, the picture's ``problem``
+    may be out of date, and so may readiness)."""
 
     version: int
     config: ModelConfig
     config_json: dict[str, Any]
     problem: str | None
+    settled: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,7 @@ class ModelFacts:
     def of(cls, manager: ModelManager, name: str) -> ModelFacts:
         record = manager.records[name]
         serving = {
-            number: VersionFacts(number, version.config, version.config_json, version.problem)
+            number: VersionFacts(number, version.config, version.config_json, version.problem, version.settled)
             for number, version in record.serving.items()
         }
         why_version = {number: record.why_not_serving(number) for number in record.statuses}
@@ -109,3 +114,14 @@ class Directory:
 
     def is_ready(self, strict: bool = True) -> bool:
         return self.ready_strict if strict else self.ready
+
+    def settled(self, name: str | None = None, version: int | None = None) -> bool:
+        """Whether the readiness this picture gives is still true: of model ``name``
+        (``version``: None for the latest; an error answer always is), or with no name of
+        the server under strict readiness (every READY version settled)."""
+        if name is None:
+            return all(served.settled for facts in self.models.values() for served in facts.serving.values())
+        try:
+            return self.get(name, version).settled
+        except NereidError:  # no READY version: what the error says involves no instance
+            return True

@@ -71,6 +71,16 @@ class ServingModel:
         return "no instance can serve: " + "; ".join(p for p in problems if p is not None)
 
     @property
+    def settled(self) -> bool:
+        """Whether ``problem`` stays None for this object's life: none of its instances is
+        a process (they restart), the batcher times none of its batches (no execution
+        timeout) and it is no ensemble (whose steps come and go). A front-end worker
+        answers readiness from its picture of the models only where every version it
+        reads is settled (frontends/local_answers.py)."""
+        return (not isinstance(self.batcher, EnsembleScheduler) and not self.has_process_instances
+                and self.config.execution_timeout_ms <= 0)
+
+    @property
     def withdrawn(self) -> bool:
         """An ensemble that Triton would have unloaded because of its step models
         (``EnsembleScheduler.withdrawn``): the index and readiness treat it as unloaded."""

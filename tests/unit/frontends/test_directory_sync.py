@@ -63,14 +63,14 @@ def run(repo: RepoBuilder, scenario: Any) -> None:
     async def main() -> None:
         manager = ModelManager(repo.root, mode="explicit", startup_models=["m"], loader=loader)
         generation = SharedGeneration.create()
-        publisher = DirectoryPublisher(manager, generation, every_s=0)
+        publisher = DirectoryPublisher(manager, generation)
         copy = DirectoryCopy(SharedGeneration.attach(os.dup(generation.fd)))
         publisher.start()
         try:
             await manager.start()
             await scenario(manager, loader, publisher, copy)
         finally:
-            await publisher.aclose()
+            publisher.close()
             await manager.aclose()
             generation.close()
 
@@ -117,28 +117,5 @@ def test_a_model_forgotten_by_the_manager_is_forgotten_by_the_copy(repo: RepoBui
         await settle(link, copy)
         assert copy.current() == Directory.of(manager)
         assert "nothing" not in copy.current().models  # type: ignore[union-attr]
-
-    run(repo, scenario)
-
-
-def test_an_instance_problem_reaches_the_copy_without_any_other_change(repo: RepoBuilder) -> None:
-    repo.add("m", IDENTITY_CONFIG)
-
-    async def scenario(manager: ModelManager, loader: StubLoader, publisher: DirectoryPublisher,
-                       copy: DirectoryCopy) -> None:
-        link = FakeLink()
-        publisher.join(0, link)
-        link.deliver(copy)
-        instance = loader.instances[("m", 1)]
-        manager.get("m").instances = (instance,)  # type: ignore[assignment]  # the stub's list none
-        instance.problem = "restarting"  # type: ignore[misc]
-        await link.arrived.wait()  # the publisher looks every every_s (0 here: each loop turn)
-        await settle(link, copy)
-        assert copy.current().get("m").problem == "no instance can serve: restarting"  # type: ignore[union-attr]
-        assert not copy.current().is_ready()  # type: ignore[union-attr]
-        instance.problem = None  # type: ignore[misc]
-        await link.arrived.wait()
-        await settle(link, copy)
-        assert copy.current().is_ready()  # type: ignore[union-attr]
 
     run(repo, scenario)

@@ -142,7 +142,7 @@ def test_a_directory_message_updates_the_workers_copy_of_the_models() -> None:
 
     async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
         assert link.directory.current() is None  # nothing yet: every lookup is forwarded
-        facts = ModelFacts({1: VersionFacts(1, CONFIG, {"name": "acc"}, None)}, frozenset({1}), "version 1 is READY",
+        facts = ModelFacts({1: VersionFacts(1, CONFIG, {"name": "acc"}, None, True)}, frozenset({1}), "version 1 is READY",
                            {1: "it is READY"})
         link.data_received(frame((Kind.DIRECTORY.value, 0, True, True, {"acc": facts}, True)))
         current = link.directory.current()

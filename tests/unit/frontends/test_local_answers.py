@@ -46,10 +46,12 @@ class Sent(list[dict[str, Any]]):
         self.append(message)
 
 
-def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None) -> None:
+def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None, *, timed: bool = False) -> None:
     repo.add("m", ALL_VERSIONS, version=1)
     repo.add("gone", IDENTITY_CONFIG)
     repo.add("broken", "max_batch_size = 'eight'\n")
+    if timed:  # a batch past its timeout takes its instance out of rotation: readiness changes on its own
+        repo.add("timed", "execution_timeout_ms = 300\n" + IDENTITY_CONFIG)
     options = options or ServerOptions(model_repository=repo.root)
 
     async def main() -> None:
@@ -112,3 +114,27 @@ def test_a_restricted_group_is_left_to_the_main_app_which_checks_its_key(repo: R
         assert await local.answer(scope("/v2/models/m/config"), Sent())  # model-config is not restricted
 
     run(repo, scenario, options)
+
+
+def test_readiness_that_can_change_on_its_own_is_left_to_the_main_process(repo: RepoBuilder) -> None:
+    async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
+        for path in ("/v2/models/timed/ready", "/v2/models/timed/versions/1/ready", "/v2/health/ready"):
+            assert not await local.answer(scope(path), Sent()), path  # strict readiness reads "timed" too
+        for path in ("/v2/models/m/ready", "/v2/models/timed/versions/2/ready", "/v2/models/timed",
+                     "/v2/models/timed/config", "/v2/health/live"):
+            main, here = Sent(), Sent()
+            await app(scope(path), no_body, main)
+            assert await local.answer(scope(path), here), path  # an error, another model, no readiness
+            assert here == main, path
+
+    run(repo, scenario, timed=True)
+
+
+def test_without_strict_readiness_server_readiness_reads_no_instance(repo: RepoBuilder) -> None:
+    options = ServerOptions(model_repository=repo.root, strict_readiness=False)
+
+    async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
+        assert await local.answer(scope("/v2/health/ready"), Sent())
+        assert not await local.answer(scope("/v2/models/timed/ready"), Sent())
+
+    run(repo, scenario, options, timed=True)
