@@ -97,7 +97,8 @@ async def _serve(
         await server.serve(link.stopped, fd=listen_fd, tls=tls)
     finally:
         socket.socket(fileno=listen_fd).close()
-    _log.debug("HTTP front-end worker %d stopped (%d requests answered here)", index, app.local.answered if app.local else 0)
+    answered = app.local.answered if app.local is not None else 0
+    _log.debug("HTTP front-end worker %d stopped (%d requests answered here)", index, answered)
 
 
 def _tls_context(files: TlsFiles | None, index: int) -> ssl.SSLContext | None:
