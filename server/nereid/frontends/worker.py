@@ -4,12 +4,13 @@ socket, with infer requests and everything else handed to the main process
 
 Its command line (supervisor.py writes it): listening socket, link socket and arena file
 descriptors, the arena's size, the shared limits' descriptor and row count, and the
-shared generation's descriptor (directory_sync.py). The
-server's options (and its HTTPS settings, when it serves HTTPS) come as the link's first
-message; with HTTPS the worker reads the certificates itself and wraps its connections as
-the single-process server does (network/tls.py), and reads them again on SIGHUP (the main
-process passes its own SIGHUP on). It stops on STOP (draining its connections), on SIGTERM
-the same way, and when the main process goes away; SIGINT is the main process's to handle.
+shared generation's descriptor (directory_sync.py). The server's options (and its HTTPS
+settings, when it serves HTTPS) come as the link's first message; with HTTPS the worker
+reads the certificates itself and wraps its connections as the single-process server
+does (network/tls.py), and reads them again on SIGHUP (the main process passes its own
+SIGHUP on). Health, metadata and config it answers itself (local_answers.py). It stops on
+STOP (draining its connections), on SIGTERM the same way, and when the main process goes
+away; SIGINT is the main process's to handle.
 """
 
 from __future__ import annotations
