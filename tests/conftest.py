@@ -66,7 +66,7 @@ collect_ignore = ["triton_examples"]
 # -- --workers: the e2e suite through front-end worker processes ---------------------------
 #
 # ``pytest --workers N`` starts every server (start_server) with ``--http-workers N`` unless
-# the test chooses its workers, another HTTP engine or HTTPS itself.
+# the test chooses its workers or another HTTP engine itself.
 
 #: --http-workers of the servers tests start; set from the command line in pytest_configure.
 WORKERS = 1
@@ -115,15 +115,17 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 
 #: What front-end workers change (-m workers_sensitive, under --workers 2): every request
 #: crossing from a worker to the main process (infer decoded in the worker or sent raw,
-#: everything else forwarded), answers, errors and limits seen from outside: the HTTP
-#: protocol, its errors and bad input, batching and statistics, model control, shared
-#: memory, streaming, metrics, disconnects, hostile clients, the stock clients and
-#: perf_analyzer, the start-up log.
+#: everything else forwarded) or answered in the worker (health, metadata and config from
+#: its picture of the models: every reason a model or version is not ready, restricted
+#: groups), answers, errors and limits seen from outside: the HTTP protocol, its errors and
+#: bad input, HTTPS, batching and statistics, model control, shared memory, streaming,
+#: metrics, disconnects, hostile clients, the stock clients and perf_analyzer, the start-up log.
 WORKERS_SENSITIVE = frozenset({
     "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
     "test_endpoints.py", "test_ensembles.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
-    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py", "test_sequences.py",
-    "test_shared_memory.py",
+    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py", "test_restricted.py",
+    "test_sequences.py", "test_several_repositories.py", "test_shared_memory.py", "test_tls.py",
+    "test_unavailable_reasons.py",
 })
 
 
@@ -449,7 +451,7 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
         command += ["--grpc-port", str(grpc_port)]
     if engine is not None:
         command += ["--http-server", engine]
-    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server", "--http-use-ssl"} & set(args):
+    if WORKERS > 1 and engine in (None, "native") and not {"--http-workers", "--http-server"} & set(args):
         command += ["--http-workers", str(WORKERS)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:

@@ -21,7 +21,8 @@ from nereid import __version__
 from nereid.network.access import GROUPS, GRPC_KEY_PREFIX, Restriction, parse_key, parse_restriction
 from nereid.options import GRPC_SERVERS, HTTP_SERVERS, MODEL_CONTROL_MODES, ServerOptions, repository_paths
 
-__all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords"]
+__all__ = ["main", "serve", "build_parser", "options_from_args", "options_from_keywords", "auto_http_workers",
+           "usable_cores"]
 
 _T = TypeVar("_T", int, float)
 
@@ -55,6 +56,55 @@ _seconds = _checked(float, lambda value: 0 < value < float("inf"), "a positive n
 _count = _checked(int, lambda value: value >= 0, "a whole number >= 0")
 _amount = _checked(float, lambda value: 0 <= value < float("inf"), "a number >= 0")
 _port = _checked(int, lambda value: 0 <= value <= 65535, "a port 0..65535")
+
+
+_whole = _checked(int, lambda value: value >= 1, "a whole number >= 1 or auto")
+
+#: --http-workers auto: a worker per this many cores the server may use ...
+_CORES_PER_WORKER = 4
+#: ... from this many cores on (fewer: the server's own process serves HTTP) ...
+_WORKERS_FROM_CORES = 8
+#: ... and at most this many workers
+_MOST_WORKERS = 8
+
+
+def auto_http_workers(cores: int) -> int:
+    """``--http-workers auto`` on a machine where the server may use ``cores`` cores.
+
+    A worker spends more CPU per request than the one-process server does (the link to
+    the main process; perf/README.md, "Front-end workers": 44 us per inference in the
+    workers plus 21 us in the main process, against 36 us with one process), so workers
+    pay only where the cores they add outweigh that: not on small machines (2 cores:
+    0.81x of one process). One per 4 cores leaves most of the machine to the main
+    process's scheduler, the models' instances and the clients; past 8 the main process
+    (about 20 us per inference on one core) is the limit, not the workers."""
+    if cores < _WORKERS_FROM_CORES:
+        return 1
+    return min(cores // _CORES_PER_WORKER, _MOST_WORKERS)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - Linux has sched_getaffinity
+
+
+def _workers(text: str) -> int | str:
+    """--http-workers: a whole number >= 1, or ``auto`` (resolved with the other flags:
+    ``_resolve_workers``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return _whole(text)
+
+
+def _resolve_workers(given: dict[str, Any]) -> None:
+    """``--http-workers auto`` -> a number: ``auto_http_workers`` of the usable cores
+    where workers can serve (the native engine, no Ray replicas), else 1."""
+    if given.get("http_workers") != "auto":
+        return
+    native = given.get("http_server", "native") == "native"  # ServerOptions.http_server's default
+    given["http_workers"] = auto_http_workers(usable_cores()) if native and not given.get("ray_replicas") else 1
 
 
 def _url_size(text: str) -> int:
@@ -142,7 +192,7 @@ _FLAGS = (
     _Flag("--log-error", _bool, "log errors (default true)"),
     _Flag("--log-format", str, "default | ISO8601", ("default", "ISO8601")),
     _Flag("--http-server", str, "HTTP engine (default {default})", HTTP_SERVERS),
-    _Flag("--http-workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
+    _Flag("--http-workers", _workers, "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them; auto: one per 4 cores from 8 cores on, at most 8, else 1 (default 1: the server's own process serves HTTP)", metavar="N|auto"),
     _Flag("--max-request-size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", _bool, "allow client shared-memory registration (default true)"),
@@ -216,6 +266,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         if value is not None:
             given[row.field] = tuple(value) if row.repeat else value
     given["model_repository"] = repository_paths(given["model_repository"])  # one folder: a Path, as ever
+    _resolve_workers(given)
     return ServerOptions(**given)
 
 
@@ -241,6 +292,7 @@ def options_from_keywords(
             raise TypeError(f"nereid.serve() got an unexpected keyword argument {name!r}{hint}")
         if value is not None:  # None: the flag's default, as when the flag is not given
             given[name] = _keyword_value(row, value)
+    _resolve_workers(given)
     return ServerOptions(**given)
 
 

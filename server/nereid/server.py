@@ -35,6 +35,7 @@ from nereid.network.request_budget import RequestBudget
 from nereid.network.tls import TlsFiles, reload_certificate, server_context
 
 if TYPE_CHECKING:
+    from nereid.frontends import FrontEnds
     from nereid.grpc.native import NativeGrpcServer
     from nereid.grpc.grpcio_server import GrpcServer
 
@@ -108,6 +109,8 @@ class Server(InProcessServer):
         self.started: asyncio.Event | None = None
         #: the TLS contexts nereid's own engines listen with, which SIGHUP reloads
         self._reloadable: list[tuple[TlsFiles, ssl.SSLContext]] = []
+        #: the front-end workers while they serve (--http-workers > 1)
+        self._frontends: FrontEnds | None = None
 
     def _on_started(self) -> None:
         table = format_model_table(self.manager.states())
@@ -133,6 +136,8 @@ class Server(InProcessServer):
                 _log.error("TLS: %s; still serving the certificate read before", exc)
             else:
                 _log.info("TLS: %s-server-cert and %s-server-key read again", files.prefix, files.prefix)
+        if self._frontends is not None and self.http_tls is not None:
+            self._frontends.reload_certificates()  # each reads them, as this process just did
         reloaded = [files for files, _ in self._reloadable]
         for settings in (self.http_tls, self.grpc_tls):
             if settings is not None and settings not in reloaded:
@@ -302,20 +307,23 @@ class Server(InProcessServer):
         assert self._shutdown is not None
         state: dict[str, Any] = {}
         assert self.shared_limits is not None
-        frontends = FrontEnds(self.app, options, state, options.http_workers, self.shared_limits)
+        frontends = FrontEnds(self.app, options, state, options.http_workers, self.shared_limits, self.http_tls)
         try:
             await frontends.start()
         except OSError as exc:
             raise listen_error(f"{options.http_address}:{options.http_port}", exc) from exc
         host, port = frontends.address
-        _log.info("nereid serving %s on %s:%d (HTTP engine: native)", _folders(options), host, port)
+        _log.info("nereid serving %s on %s:%d (HTTP engine: native%s)", _folders(options), host, port,
+                  ", HTTPS" if self.http_tls is not None else "")
         _log.info("HTTP served by %d front-end workers (pids %s)", options.http_workers,
                   ", ".join(str(pid) for pid in frontends.pids))
         lifespan = Lifespan(self.app, state)
+        self._frontends = frontends
         try:
             await lifespan.startup()
             await self._shutdown.wait()
         finally:
+            self._frontends = None
             await frontends.stop(options.exit_timeout_secs)
             await lifespan.shutdown()
 
@@ -358,13 +366,9 @@ class Server(InProcessServer):
 
 
 def _check_workers(options: ServerOptions) -> None:
-    """--http-workers > 1 needs what the workers have: the native engine, plain HTTP."""
-    if options.http_workers <= 1:
-        return
-    if options.http_server != "native":
+    """--http-workers > 1 needs what the workers have: the native engine."""
+    if options.http_workers > 1 and options.http_server != "native":
         raise ValueError(f"--http-workers {options.http_workers}: needs --http-server native, got {options.http_server}")
-    if options.http_use_ssl or options.http_use_ssl_mutual:
-        raise ValueError(f"--http-workers {options.http_workers}: not yet with --http-use-ssl (use --http-workers 1)")
 
 
 def _folders(options: ServerOptions) -> str:

@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -292,6 +293,119 @@ def test_a_model_reloaded_with_another_config_is_decoded_by_the_new_one(repo: Re
     assert "decoded for a version no longer served goes again raw" in server.log()
     for connection in connections:
         connection.close()
+
+
+# -- health, metadata and config answered in the workers ----------------------------------------
+
+#: every lookup route (health, metadata, config), with known, failed, unloaded and unknown
+#: models and versions, and a version number past Triton's range; statistics last (forwarded)
+LOOKUPS = [
+    "/v2/health/live", "/v2/health/ready", "/v2",
+    "/v2/models/identity", "/v2/models/identity/versions/1", "/v2/models/identity/versions/2",
+    "/v2/models/identity/versions/3", "/v2/models/identity/ready", "/v2/models/identity/versions/2/ready",
+    "/v2/models/identity/versions/3/ready", "/v2/models/identity/config", "/v2/models/identity/versions/1/config",
+    "/v2/models/identity/versions/99999999999999999999/config", "/v2/models/broken", "/v2/models/broken/ready",
+    "/v2/models/broken/versions/1/config", "/v2/models/gone", "/v2/models/gone/ready",
+    "/v2/models/gone/versions/1/ready", "/v2/models/nothing", "/v2/models/nothing/versions/1/config",
+]
+
+ALL_VERSIONS = "[version_policy]\nall = {}"
+
+
+def raw_get(connection: socket.socket, path: str, method: str = "GET", body: bytes = b"") -> bytes:
+    """The whole response (status line, headers, body) to one request on ``connection``."""
+    connection.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return read_response(connection)
+
+
+def read_response(connection: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += connection.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def lookup_repository(repo: RepoBuilder) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=ALL_VERSIONS), version=1)
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=ALL_VERSIONS), version=2)
+    repo.add("gone", IDENTITY.format(name="gone", batch=0, extra=""))
+    repo.add("broken", "max_batch_size = 'eight'\n")
+
+
+def test_health_metadata_and_config_are_the_bytes_one_process_answers(repo: RepoBuilder, serve) -> None:
+    lookup_repository(repo)
+    flags = ("--model-control-mode", "explicit", "--load-model", "*", "--strict-readiness", "false")
+    servers = [serve(repo.root, "--http-workers", str(count), *flags) for count in (1, 2)]
+    for server in servers:
+        httpclient.InferenceServerClient(server.url).unload_model("gone")
+    connections = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for server in servers]
+    for path in LOOKUPS:
+        one, workers = (raw_get(connection, path) for connection in connections)
+        assert workers == one, path
+    for connection in connections:
+        connection.close()
+
+
+def test_health_metadata_and_config_are_answered_in_the_worker_not_the_main_process(repo: RepoBuilder, serve) -> None:
+    lookup_repository(repo)
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit", "--load-model", "identity")
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    expected = {path: raw_get(connection, path) for path in LOOKUPS}
+    os.kill(server.process.pid, signal.SIGSTOP)  # the main process answers nothing now
+    try:
+        for path in LOOKUPS:
+            assert raw_get(connection, path) == expected[path], path
+        connection.sendall(b"GET /v2/models/stats HTTP/1.1\r\nHost: x\r\n\r\n")  # forwarded: it waits
+        connection.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            connection.recv(1)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    connection.settimeout(60)
+    assert read_response(connection).startswith(b"HTTP/1.1 200 OK\r\n")  # answered once it runs again
+    connection.close()
+
+
+def test_a_change_confirmed_through_one_worker_is_in_the_next_answer_of_the_other(repo: RepoBuilder, serve) -> None:
+    lookup_repository(repo)
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit")
+    first, second = open_connections(server, per_worker=1)
+    pids = [serving_worker(server, connection.sock.getsockname()[1]) for connection in (first, second)]
+    sockets = [connection.sock for connection in (first, second)]
+    # a config the size of a big model's (its picture spans many reads of the worker's link)
+    inputs = [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}] + [
+        {"name": f"EXTRA{index}", "data_type": "TYPE_FP32", "dims": [4], "optional": True} for index in range(3000)]
+    narrower = json.dumps({"name": "identity", "max_batch_size": 4, "version_policy": {"all": {}}, "input": inputs,
+                           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]})
+    steps = [  # (change, then what the other worker answers at once)
+        ("POST", "/v2/repository/models/identity/load", b"", "/v2/models/identity/ready", b"HTTP/1.1 200 OK"),
+        ("POST", "/v2/repository/models/identity/load", json.dumps({"parameters": {"config": narrower}}).encode(),
+         "/v2/models/identity/config", b'"max_batch_size":4'),
+        ("POST", "/v2/repository/models/identity/unload", b"", "/v2/models/identity/versions/2/ready",
+         b"it is UNAVAILABLE: unloaded"),
+    ]
+    for round in range(3):
+        for index, (method, path, body, question, answer) in enumerate(steps):
+            changer, asker = sockets[(round + index) % 2], pids[(round + index + 1) % 2]
+            asked = sockets[(round + index + 1) % 2]
+            assert asker is not None
+            # the asking worker is held while the change is made and confirmed, then wakes with
+            # the question and the main process's new picture both waiting for it
+            os.kill(asker, signal.SIGSTOP)
+            try:
+                assert raw_get(changer, path, method, body).startswith(b"HTTP/1.1 200 OK\r\n")
+                asked.sendall(f"GET {question} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            finally:
+                os.kill(asker, signal.SIGCONT)
+            assert answer in read_response(asked), (round, question)
+    first.close()
+    second.close()
 
 
 def _tensor() -> httpclient.InferInput:

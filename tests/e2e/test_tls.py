@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -137,6 +138,77 @@ def test_https_mutual_accepts_a_signed_client_and_refuses_others(repo: RepoBuild
         client = _http_client(server, certs, mutual=True)
         assert client.is_server_live()
         client.close()
+
+
+def _tls_worker(server: RunningServer, context: ssl.SSLContext) -> int:
+    """Answer one request on a new TLS connection: the pid of the front-end worker that
+    held it (read from /proc while the connection is open)."""
+    from tests.e2e.test_frontend_workers import serving_worker
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = tls.recv(4096)
+            if not answer:  # TLS 1.3: a refused client certificate shows after the handshake
+                raise ConnectionError("closed")
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+            port = tls.getsockname()[1]
+            pid: int = wait_until(lambda: serving_worker(server, port), "the connection's worker")
+            return pid
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see which worker holds a connection")
+def test_https_through_two_front_end_workers_each_with_the_same_tls_settings(
+        repo: RepoBuilder, tmp_path: Path, certs: Certificates) -> None:
+    import shutil
+    import signal
+
+    from tests.e2e.test_frontend_workers import worker_pids
+
+    live_cert, live_key = tmp_path / "live.pem", tmp_path / "live.key"
+    shutil.copy(certs.server_cert, live_cert)
+    shutil.copy(certs.server_key, live_key)
+    flags = ["--http-use-ssl", "true", "--http-server-cert", str(live_cert), "--http-server-key", str(live_key),
+             "--http-root-cert", str(certs.ca), "--http-use-ssl-mutual", "true"]
+    for server in _serve(repo, tmp_path, certs, *flags, "--http-workers", "2", "--allow-grpc", "false", mutual=True):
+        assert len(worker_pids(server)) == 2
+        served: set[int] = set()
+        for _ in range(200):  # until the kernel has handed a connection to each worker
+            served.add(_tls_worker(server, certs.client_context(mutual=True)))
+            if len(served) == 2:
+                break
+        assert served == worker_pids(server)
+        for _ in range(4):  # stock tritonclient, its connections wherever the kernel puts them
+            client = _http_client(server, certs, mutual=True)
+            assert client.is_server_ready()
+            np.testing.assert_array_equal(_http_infer(client), np.arange(4, dtype=np.float32).reshape(1, 4))
+            client.close()
+        for context in (certs.client_context(), _context_with(certs, certs.other_client_cert, certs.other_client_key)):
+            for _ in range(4):  # no client certificate, or a stranger's: refused by every worker
+                with pytest.raises((ssl.SSLError, ConnectionError)):
+                    _tls_worker(server, context)
+        # SIGHUP to the main process: every worker reads the renewed certificate
+        renewed = make_certificates(tmp_path / "renewed")
+        shutil.copy(renewed.server_cert, live_cert)
+        shutil.copy(renewed.server_key, live_key)
+        server.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "read again" in server.log(), "the certificates read again")
+        renewed_client = ssl.create_default_context(cafile=str(renewed.ca))
+        renewed_client.load_cert_chain(certs.client_cert, certs.client_key)  # the root of clients is unchanged
+
+        def renewed_on_both() -> bool:
+            seen = set()
+            for _ in range(40):
+                try:
+                    seen.add(_tls_worker(server, renewed_client))
+                except ssl.SSLError:
+                    return False  # a worker still serves the old certificate
+                if len(seen) == 2:
+                    return True
+            return False
+
+        wait_until(renewed_on_both, "both workers serving the renewed certificate")
+        assert "still serving the certificate read before" not in server.log()  # no worker failed to reload
 
 
 def _context_with(certs: Certificates, cert: Path, key: Path) -> ssl.SSLContext:

@@ -48,3 +48,30 @@ def test_values_the_command_refuses_are_refused_with_its_words(keywords: dict[st
     with pytest.raises(error) as raised:
         options_from_keywords("models", keywords)
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (7, 1), (8, 2), (12, 3), (16, 4), (32, 8), (128, 8)])
+def test_auto_http_workers_is_one_below_8_cores_then_one_per_4_cores_up_to_8(cores: int, workers: int) -> None:
+    from nereid.cli import auto_http_workers
+
+    assert auto_http_workers(cores) == workers
+
+
+def test_http_workers_auto_resolves_from_the_usable_cores_for_flags_and_keywords() -> None:
+    from nereid.cli import auto_http_workers, usable_cores
+
+    expected = auto_http_workers(usable_cores())
+    args = build_parser().parse_args(["serve", "--model-repository", "models", "--http-workers", "auto"])
+    assert options_from_args(args).http_workers == expected
+    assert options_from_keywords("models", {"http_workers": "AUTO"}).http_workers == expected
+
+
+@pytest.mark.parametrize("flags", [["--http-server", "uvicorn"], ["--ray-replicas", "2"]], ids=["asgi-engine", "ray"])
+def test_http_workers_auto_is_one_where_workers_cannot_serve(flags: list[str]) -> None:
+    args = build_parser().parse_args(["serve", "--model-repository", "models", "--http-workers", "auto", *flags])
+    assert options_from_args(args).http_workers == 1
+
+
+def test_http_workers_refuses_what_is_neither_a_count_nor_auto() -> None:
+    with pytest.raises(ValueError, match=r"http_workers: expected a whole number >= 1 or auto, got '0'"):
+        options_from_keywords("models", {"http_workers": 0})

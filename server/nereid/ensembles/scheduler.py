@@ -97,6 +97,20 @@ class EnsembleScheduler:
         return None if found is None else found[0]
 
     @property
+    def settled(self) -> bool:
+        """Whether ``problem`` changes only when a step model is loaded, unloaded or
+        reloaded (what the model manager announces): every step's model is settled
+        (``ServingModel.settled``); a step with no model now is the manager's state."""
+        for step in self._flow.steps:
+            try:
+                model = self._flow.model(step)
+            except NereidError:
+                continue
+            if not model.settled:
+                return False
+        return True
+
+    @property
     def withdrawn(self) -> bool:
         """True when Triton would have unloaded the ensemble: its dependency check fails
         (a step model with no loaded version or not the required one, or one that no

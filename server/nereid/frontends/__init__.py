@@ -23,16 +23,25 @@ would load every model N times and split every batch N ways.
                  named in the URL, compressed or heavy bodies, client shared memory,
                  BYTES tensors, sequence parameters, a bad request -- goes as a raw body, INFER, and the main
                  process's own infer flow takes it: Endpoints.start_infer)
+      health, metadata, config: answered in the worker by the main app's own handlers
+                 (http.endpoints.Lookups) from the main process's picture of the
+                 models (models.directory.Directory), sent as it changes (DIRECTORY
+                 messages); a shared generation counter stops a worker from answering
+                 from a picture older than a change the main process confirmed, and
+                 readiness of versions whose instances can falter on their own is
+                 asked of the main process (directory_sync, local_answers)
       any other: forwarded whole to the main app (ASGI), answered back in parts:
-                 health, metadata, config, statistics, model control, repository
-                 index, shared-memory registration and generate behave as one server's
+                 statistics, model control, repository index, shared-memory
+                 registration and generate behave as one server's
 
 The main process binds the port (one SO_REUSEPORT socket per worker, or one socket they
 share) and keeps the sockets, the models, gRPC and the metrics port; statistics and
 metrics are counted once, there. A worker that dies is restarted on its socket (its
 requests in flight fail with their connections; nobody else's); SIGTERM drains the
 workers, then the main process. ``--http-workers 1`` (the default) is the server as it
-always was: no worker, no extra hop.
+always was: no worker, no extra hop; ``--http-workers auto`` picks N from the cores
+(cli.auto_http_workers). With ``--http-use-ssl`` every worker wraps its connections with
+the server's TLS settings (network/tls.py) and reads them again on SIGHUP.
 
 Input tensors of a decoded request are views on the worker's arena until its answer is
 sent: a model must not keep a reference to its inputs after ``infer`` returns (Triton's
@@ -44,15 +53,15 @@ requests decoded and answers encoded in the worker), ``forwarding`` (the worker'
 the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
 main process's side of one worker), ``link_answers`` (how each request a worker hands
 over is answered), ``shared_limits`` (limits held server-wide),
-``supervisor`` (the workers' life).
+``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every
+worker), ``local_answers`` (what a worker answers itself).
 
 The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a
 row per process in shared memory, summed at each check).
 
 Not yet: gRPC through the workers (the main process serves the gRPC port, as with one
-process); health and metadata answered in the worker from shared state (they are
-forwarded, one hop); HTTPS in the workers; back-pressure on a forwarded streamed response
-(its parts queue in the worker while its client reads slowly).
+process); statistics answered in the worker (forwarded, one hop); back-pressure on a
+forwarded streamed response (its parts queue in the worker while its client reads slowly).
 """
 
 from nereid.frontends.supervisor import FrontEnds

@@ -4,10 +4,12 @@ main process, and ``WorkerApp``, what the worker's native HTTP engine serves.
 An infer request goes from the engine's parser to ``MainLink.start_infer``: its body is
 written into the arena's request half and a small INFER message says where; the ANSWER
 comes back the same way and is written by the connection as the engine always does.
-Every other request (health, metadata, config, statistics, model control, repository
-index, shared-memory registration, generate) is forwarded whole to the main process's
-app (ASGI), whose response parts come back as START / BODY / ANSWER messages: so the
-server behaves as one. Knows nothing about models; runs no model code.
+Health, metadata and config are answered here from the main process's picture of the
+models (local_answers.py, directory_sync.py) while it is current. Every other request
+(statistics, model control, repository index, shared-memory registration, generate, and
+those when the picture is not current) is forwarded whole to the main process's app
+(ASGI), whose response parts come back as START / BODY / ANSWER messages: so the server
+behaves as one. Runs no model code.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any, Callable
 
 from nereid.frontends.arena import Arena, Ring
 from nereid.frontends.decoding import Announced, answer, decode, lay_out
+from nereid.frontends.directory_sync import DirectoryCopy
+from nereid.frontends.local_answers import LocalAnswers
 from nereid.frontends.layout import read_arrays
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.http._asgi import Receive, Scope, Send
@@ -35,6 +39,7 @@ _DONE, _STOP, _OPTIONS = Kind.DONE.value, Kind.STOP.value, Kind.OPTIONS.value
 _DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
     Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
     Kind.RESULTS.value)
+_DIRECTORY = Kind.DIRECTORY.value
 #: templates a worker names by number (past this many, new ones travel whole each time)
 _MAX_TEMPLATES = 4096
 
@@ -94,14 +99,16 @@ class _AsgiCall:
 
 class MainLink(asyncio.Protocol):
     """The worker's end of the socket pair to the main process, with the arena they share.
-    ``options`` resolves with the first message (the server's options and this worker's
-    index); ``stopped`` is set on STOP or when the main process goes away."""
+    ``options`` resolves with the first message (the server's options, this worker's
+    index and its HTTPS settings or None); ``stopped`` is set on STOP or when the main process goes away."""
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena, directory: DirectoryCopy) -> None:
         self.arena = arena
+        #: the main process's picture of the models (DIRECTORY messages)
+        self.directory = directory
         self.ring = Ring(len(arena.requests))
         loop = asyncio.get_running_loop()
-        self.options: asyncio.Future[tuple[Any, int]] = loop.create_future()
+        self.options: asyncio.Future[tuple[Any, int, Any]] = loop.create_future()
         self.stopped = asyncio.Event()
         self.main_gone = False
         self._loop = loop
@@ -246,8 +253,10 @@ class MainLink(asyncio.Protocol):
                 del self.models[message[1]]
         elif kind == _RETRY:
             self._retry(message[1])
+        elif kind == _DIRECTORY:
+            self.directory.update(*message[1:])
         elif kind == _OPTIONS and not self.options.done():
-            self.options.set_result((message[1], message[2]))
+            self.options.set_result((message[1], message[2], message[3]))
         else:
             _log.error("front-end worker: unexpected message %r from the main process", message[:2])
 
@@ -321,17 +330,20 @@ class MainLink(asyncio.Protocol):
 
 class WorkerApp:
     """What the worker's NativeServer serves in place of NereidApp: infer requests through
-    ``endpoints.start_infer`` (MainLink's), everything else (and infer requests when the
-    inference group is restricted, so the main app's guard checks and counts them) as
-    ASGI requests forwarded to the main app. Its lifespan does nothing: the models live
+    ``endpoints.start_infer`` (MainLink's), health, metadata and config through ``local``
+    when it can, everything else (and infer requests when the inference group is
+    restricted, so the main app's guard checks and counts them) as ASGI requests
+    forwarded to the main app. Its lifespan does nothing: the models live
     in the main process."""
 
     #: restricted inference is checked by the main app (forwarded requests)
     infer_guard = None
 
-    def __init__(self, link: MainLink, *, restricted_inference: bool) -> None:
+    def __init__(self, link: MainLink, *, restricted_inference: bool, local: LocalAnswers | None = None) -> None:
         self._link = link
         self._restricted = restricted_inference
+        #: what this worker answers itself (health, metadata, config)
+        self.local = local
         self.endpoints = self
         self.start_infer: Callable[..., _InferCall | None] = link.start_infer
 
@@ -355,6 +367,8 @@ class WorkerApp:
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
+        if self.local is not None and await self.local.answer(scope, send):
+            return
         link = self._link
         call = link.forward({key: value for key, value in scope.items() if key != "state"}, b"".join(parts))
         disconnected = asyncio.ensure_future(receive())

@@ -23,7 +23,7 @@ _LENGTH = struct.Struct("<I")
 class Kind(enum.IntEnum):
     """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
     worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
-    MODEL, FORGET."""
+    MODEL, FORGET, DIRECTORY."""
 
     #: (INFER, id, name, version, (header length, content encoding, accept encoding),
     #:  received_ns, offset, length, inline body or None)
@@ -37,7 +37,7 @@ class Kind(enum.IntEnum):
     #: (DECODED, id, token, template id, template or None, offset, request id, received_ns):
     #: a request decoded in the worker (decoding.py), its tensors at ``offset``
     DECODED = 5
-    #: (OPTIONS, ServerOptions, worker index)
+    #: (OPTIONS, ServerOptions, worker index, TlsFiles or None)
     OPTIONS = 10
     #: (ANSWER, id, status, headers, offset, length, inline body or None, repeat):
     #: a whole response (``repeat``: Responder.reply_repeat's headers, content-length in)
@@ -65,6 +65,11 @@ class Kind(enum.IntEnum):
     #: the other (the first request's rows first); the worker frees the block once it
     #: has answered them all
     RESULTS = 21
+    #: (DIRECTORY, generation, ready, ready strict, {name: ModelFacts or None}, whole):
+    #: what the model manager shows, for health, metadata and config answered in the
+    #: worker (directory_sync.py): the models that changed (None: forgotten), or all
+    #: of them (``whole``)
+    DIRECTORY = 22
 
 
 def frame(*messages: tuple[Any, ...]) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -22,11 +23,13 @@ from typing import Any
 
 import nereid
 from nereid.frontends.arena import Arena
+from nereid.frontends.directory_sync import DirectoryPublisher, SharedGeneration
 from nereid.frontends.link import WorkerLink
 from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import SharedLimits
 from nereid.http.app import NereidApp
 from nereid.network.listening import listen
+from nereid.network.tls import TlsFiles
 from nereid.options import ServerOptions
 
 __all__ = ["FrontEnds"]
@@ -53,14 +56,17 @@ class FrontEnds:
     """``count`` front-end worker processes serving HTTP for ``app`` (the main process's
     app, whose lifespan ``state`` forwarded requests see). ``await start()`` binds and
     starts them (raises StartupError when the port cannot be bound); ``await stop()``
-    lets them drain and waits for them (killing those past ``exit_timeout_secs``)."""
+    lets them drain and waits for them (killing those past ``exit_timeout_secs``).
+    ``tls``: they serve HTTPS with these settings (each worker reads the files)."""
 
     def __init__(
         self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int, limits: SharedLimits,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.app = app
         self.options = options
         self.count = count
+        self.tls = tls
         #: the connection and request-bytes rows: one per worker (its index), the main
         #: process's last
         self.limits = limits
@@ -72,6 +78,9 @@ class FrontEnds:
         self._stopping = False
         #: requests that came through workers that have since been replaced
         self._past_requests = [0] * count
+        #: what the models show, kept in every worker (health, metadata, config)
+        self._generation = SharedGeneration.create()
+        self.directory = DirectoryPublisher(app.endpoints.manager, self._generation)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -89,6 +98,7 @@ class FrontEnds:
 
     async def start(self) -> None:
         self._sockets = self._listen()
+        self.directory.start()
         for index in range(self.count):
             self._workers[index] = await self._spawn(index)
         self._watchers = [asyncio.create_task(self._watch(index), name=f"nereid-http-worker-{index}")
@@ -110,6 +120,7 @@ class FrontEnds:
         arena = Arena.create()
         ours, theirs = socket.socketpair()
         fds = (listener.fileno(), theirs.fileno(), arena.fd)
+        generation = self._generation.fd
         self.limits.clear(index)  # what a worker before it held went with it
         # the worker imports nereid from where this process did, whatever its sys.path
         package_root = str(Path(nereid.__file__).resolve().parent.parent)
@@ -118,17 +129,24 @@ class FrontEnds:
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_COMMAND, *(str(fd) for fd in fds), str(arena.size),
-                str(self.limits.fd), str(self.limits.rows),
-                pass_fds=(*fds, self.limits.fd), stdin=asyncio.subprocess.DEVNULL, env=env,
+                str(self.limits.fd), str(self.limits.rows), str(generation),
+                pass_fds=(*fds, self.limits.fd, generation), stdin=asyncio.subprocess.DEVNULL, env=env,
             )
         finally:
             theirs.close()
         _, link = await loop.create_unix_connection(
             lambda: WorkerLink(self.app, arena, self._state, index), sock=ours
         )
-        link.send((Kind.OPTIONS.value, self.options, index))
+        link.send((Kind.OPTIONS.value, self.options, index, self.tls))
+        self.directory.join(index, link)
         _log.debug("HTTP front-end worker %d started (pid %d)", index, process.pid)
         return _Worker(index, process, link, arena, time.monotonic())
+
+    def reload_certificates(self) -> None:
+        """Every worker reads its server certificate and key again (SIGHUP passed on)."""
+        for worker in self._workers.values():
+            if worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGHUP)
 
     async def _watch(self, index: int) -> None:
         """Restart worker ``index`` whenever it exits before the server stops."""
@@ -178,6 +196,8 @@ class FrontEnds:
             worker.arena.close()
         for sock in self._sockets:
             sock.close()
+        self.directory.close()
+        self._generation.close()
         _log.info("HTTP front-end workers stopped; requests through each: %s (decoded there: %s)",
                   ", ".join(str(count) for count in self.requests()),
                   ", ".join(str(worker.link.decoded) for worker in workers))

@@ -3,9 +3,14 @@ socket, with infer requests and everything else handed to the main process
 (forwarding.py). Started and restarted by supervisor.py; runs no model code.
 
 Its command line (supervisor.py writes it): listening socket, link socket and arena file
-descriptors, the arena's size, and the shared limits' descriptor and row count. The server's options come as the link's first
-message. It stops on STOP (draining its connections), on SIGTERM the same way, and
-when the main process goes away; SIGINT is the main process's to handle.
+descriptors, the arena's size, the shared limits' descriptor and row count, and the
+shared generation's descriptor (directory_sync.py). The server's options (and its HTTPS
+settings, when it serves HTTPS) come as the link's first message; with HTTPS the worker
+reads the certificates itself and wraps its connections as the single-process server
+does (network/tls.py), and reads them again on SIGHUP (the main process passes its own
+SIGHUP on). Health, metadata and config it answers itself (local_answers.py). It stops on
+STOP (draining its connections), on SIGTERM the same way, and when the main process goes
+away; SIGINT is the main process's to handle.
 """
 
 from __future__ import annotations
@@ -14,16 +19,21 @@ import asyncio
 import logging
 import signal
 import socket
+import ssl
 import sys
 from typing import cast
 
 from nereid.frontends.arena import Arena
+from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.forwarding import MainLink, WorkerApp
+from nereid.frontends.local_answers import LocalAnswers
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits, SharedRequestBudget
 from nereid.http.app import NereidApp
 from nereid.http.h1.limits import ConnectionLimits
 from nereid.http.h1.server import NativeServer
 from nereid.log import configure_logging
+from nereid.network.listening import StartupError
+from nereid.network.tls import TlsFiles, reload_certificate, server_context
 from nereid.options import ServerOptions
 
 __all__ = ["main"]
@@ -42,9 +52,10 @@ class _WorkerServer(NativeServer):
 
 def main(argv: list[str] | None = None) -> None:
     """The worker's entry point:
-    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows])``."""
+    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd])``."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop handles it: a reload must not end the worker
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -53,20 +64,26 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(_serve(*fds))
 
 
-async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int) -> None:
+async def _serve(
+    listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int, generation_fd: int,
+) -> None:
     loop = asyncio.get_running_loop()
     arena = Arena.attach(arena_fd, arena_size)
-    _, link = await loop.create_unix_connection(lambda: MainLink(arena), sock=socket.socket(fileno=link_fd))
-    options, index = await link.options
+    directory = DirectoryCopy(SharedGeneration.attach(generation_fd))
+    _, link = await loop.create_unix_connection(lambda: MainLink(arena, directory), sock=socket.socket(fileno=link_fd))
+    options, index, tls_files = await link.options
     assert isinstance(options, ServerOptions)
     configure_logging(
         options.log_verbose, options.log_format, info=options.log_info, warning=options.log_warning,
         error=options.log_error,
     )
+    tls = _tls_context(tls_files, index)
+    if tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, tls, tls_files, index)
     loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
     link.max_json_size = options.http_max_input_size
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
-    app = WorkerApp(link, restricted_inference=restricted)
+    app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options))
     shared = SharedLimits.attach(limits_fd, rows)
     server = _WorkerServer(
         # NativeServer uses of its app only what WorkerApp has: match_infer, infer_guard,
@@ -78,7 +95,32 @@ async def _serve(listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, l
     server.connections = CountedConnections(shared, index)
     _log.debug("HTTP front-end worker %d serving", index)
     try:
-        await server.serve(link.stopped, fd=listen_fd)
+        await server.serve(link.stopped, fd=listen_fd, tls=tls)
     finally:
         socket.socket(fileno=listen_fd).close()
-    _log.debug("HTTP front-end worker %d stopped", index)
+    answered = app.local.answered if app.local is not None else 0
+    _log.debug("HTTP front-end worker %d stopped (%d requests answered here)", index, answered)
+
+
+def _tls_context(files: TlsFiles | None, index: int) -> ssl.SSLContext | None:
+    """The HTTPS context of ``files`` (None: plain HTTP). The main process read the same
+    files a moment ago; a worker that cannot (they changed meanwhile) says so and exits."""
+    if files is None:
+        return None
+    try:
+        return server_context(files, ("http/1.1",))
+    except StartupError as exc:
+        _log.error("HTTP front-end worker %d: TLS: %s", index, exc)
+        raise SystemExit(1) from None
+
+
+def _reload(context: ssl.SSLContext, files: TlsFiles, index: int) -> None:
+    """SIGHUP: read the server certificate and key again (Server.reload_certificates'
+    rule: a pair that cannot be used is logged, the old one kept)."""
+    try:
+        reload_certificate(context, files)
+    except StartupError as exc:
+        _log.error("HTTP front-end worker %d: TLS: %s; still serving the certificate read before", index, exc)
+    else:
+        _log.debug("HTTP front-end worker %d: TLS: %s-server-cert and %s-server-key read again", index,
+                   files.prefix, files.prefix)

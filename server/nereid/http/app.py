@@ -23,7 +23,7 @@ from starlette.routing import Match, Route
 
 from nereid.network.access import Refusals, restriction_table
 from nereid.http._asgi import Message, Receive, Scope, Send, send_json
-from nereid.http.endpoints import Endpoints
+from nereid.http.endpoints import Endpoints, Lookups
 from nereid.http.errors import error_json, internal_error_json
 from nereid.http.generate import GenerateHandler
 from nereid.http.operations import Operations
@@ -32,7 +32,7 @@ from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
 
-__all__ = ["create_app", "infer_route", "NereidApp"]
+__all__ = ["create_app", "infer_route", "lookup_rows", "NereidApp", "SHADOWING_PATHS"]
 
 _log = logging.getLogger("nereid")
 
@@ -152,10 +152,8 @@ def _route_rows(e: Endpoints, ops: Operations, manager: ModelManager, options: S
     """Every route but the infer fast path (NereidApp takes that one first)."""
     repository = "model-repository"
     return [
-        ("/v2/models/stats", e.all_stats, "statistics", _GET),
-        ("/v2/health/live", e.health_live, "health", _GET),
-        ("/v2/health/ready", e.health_ready, "health", _GET),
-        ("/v2", e.server_metadata, "metadata", _GET),
+        ("/v2/models/stats", e.all_stats, "statistics", _GET),  # before /v2/models/{name}
+        *lookup_rows(e),
         *_model_rows(e, manager, options),
         ("/v2/repository/index", e.repository_index, repository, _POST),
         ("/v2/repository/{repo}/index", e.repository_index, repository, _POST),
@@ -170,13 +168,34 @@ def _route_rows(e: Endpoints, ops: Operations, manager: ModelManager, options: S
     ]
 
 
+#: The paths of the routes whose answers take more than what the models show, and that a
+#: lookup route's path would also match (front-end workers forward these).
+SHADOWING_PATHS = frozenset({"/v2/models/stats"})
+
+
+def lookup_rows(e: Lookups) -> list[_RouteRow]:
+    """The routes answered from what the models show, nothing else (``Lookups``' handlers):
+    health, server and model metadata, model config. A front-end worker answers these
+    itself from its picture of the models (frontends/local_answers.py)."""
+    rows: list[_RouteRow] = [
+        ("/v2/health/live", e.health_live, "health", _GET),
+        ("/v2/health/ready", e.health_ready, "health", _GET),
+        ("/v2", e.server_metadata, "metadata", _GET),
+    ]
+    for tail, handler, group in (
+        ("", e.model_metadata, "metadata"),
+        ("/ready", e.model_ready, "health"),
+        ("/config", e.model_config, "model-config"),
+    ):
+        rows.append((_MODEL + tail, handler, group, _GET))
+        rows.append((_MODEL + "/versions/{version:int}" + tail, handler, group, _GET))
+    return rows
+
+
 def _model_rows(e: Endpoints, manager: ModelManager, options: ServerOptions) -> list[_RouteRow]:
-    """Each model route, for the model and for one of its versions."""
+    """Each model route but the lookups, for the model and for one of its versions."""
     rows: list[_RouteRow] = []
     for tail, handler, group, methods in (
-        ("", e.model_metadata, "metadata", _GET),
-        ("/ready", e.model_ready, "health", _GET),
-        ("/config", e.model_config, "model-config", _GET),
         ("/stats", e.model_stats, "statistics", _GET),
         ("/infer", _method_not_allowed, "inference", _POST),
         # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.

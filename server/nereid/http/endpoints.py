@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -20,16 +20,19 @@ from nereid.models import admin
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelLoadError, NereidError
 from nereid.http.errors import error_json, status_for
 from nereid.http.infer import InferEndpoint, InferHeaders, Responder
+from nereid.models.directory import Lookup
 from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
 
-__all__ = ["Endpoints", "InferHeaders", "Responder"]
+__all__ = ["Endpoints", "InferHeaders", "Lookups", "Responder"]
 
 _log = logging.getLogger("nereid")
 
 
 _JSON = "application/json"
+#: what an admin look-up reads: the manager, or (health, metadata, config) a Lookup
+_Source = TypeVar("_Source", ModelManager, Lookup)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -44,28 +47,20 @@ def empty_response(status: int = 200) -> Response:
     return Response(b"", status_code=status, media_type="text/plain")
 
 
-class Endpoints:
-    """Handlers bound to one ModelManager and ServerOptions: what each answer holds is
-    ``nereid.models.admin``'s; these read the HTTP request and write the HTTP response."""
+class Lookups:
+    """The handlers answered from what the models show, nothing else: health, server and
+    model metadata, model config. ``models`` is the ModelManager, or a front-end worker's
+    picture of it (``models.directory``), and the answers are the same bytes either way."""
 
-    def __init__(
-        self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager | None = None
-    ) -> None:
-        self.manager = manager
+    def __init__(self, models: Lookup, options: ServerOptions) -> None:
+        self.models = models
         self.options = options
-        self._shm = shm if shm is not None else SharedMemoryManager()
-        self.infer_endpoint = InferEndpoint(manager, options, self._shm)
-        #: POST .../infer for the ASGI engines, and for the native engine (see infer.py).
-        self.infer = self.infer_endpoint.asgi
-        self.start_infer = self.infer_endpoint.start
-
-    # -- health and metadata -----------------------------------------------------------
 
     async def health_live(self, request: Request) -> Response:
         return empty_response(200)
 
     async def health_ready(self, request: Request) -> Response:
-        return empty_response(200 if self.manager.is_ready(self.options.strict_readiness) else 400)
+        return empty_response(200 if self.models.is_ready(self.options.strict_readiness) else 400)
 
     async def server_metadata(self, request: Request) -> Response:
         return json_response(admin.server_metadata())
@@ -75,27 +70,44 @@ class Endpoints:
         # ready" (nereid adds why); only a bad version string is its own error.
         params = request.path_params
         try:
-            why = admin.why_not_ready(self.manager, params["name"], params.get("version"))
+            why = admin.why_not_ready(self.models, params["name"], params.get("version"))
         except NereidError as exc:
             return error_response(exc)
         return empty_response(200) if why is None else error_response(InvalidInputError(f"Model version not ready: {why}"))
 
     async def model_metadata(self, request: Request) -> Response:
-        return self._about_model(admin.model_metadata, request)
+        return _about_model(admin.model_metadata, self.models, request)
 
     async def model_config(self, request: Request) -> Response:
-        return self._about_model(admin.model_config, request)
+        return _about_model(admin.model_config, self.models, request)
 
-    def _about_model(
-        self, about: Callable[[ModelManager, str, str | int | None], dict[str, Any]], request: Request
-    ) -> Response:
-        """``about`` (an ``admin`` look-up) of the model and version the path names, as
-        JSON; its error in Triton's shape."""
-        params = request.path_params
-        try:
-            return json_response(about(self.manager, params["name"], params.get("version")))
-        except NereidError as exc:
-            return error_response(exc)
+
+def _about_model(
+    about: Callable[[_Source, str, str | int | None], dict[str, Any]], source: _Source, request: Request
+) -> Response:
+    """``about`` (an ``admin`` look-up in ``source``) of the model and version the path
+    names, as JSON; its error in Triton's shape."""
+    params = request.path_params
+    try:
+        return json_response(about(source, params["name"], params.get("version")))
+    except NereidError as exc:
+        return error_response(exc)
+
+
+class Endpoints(Lookups):
+    """Handlers bound to one ModelManager and ServerOptions: what each answer holds is
+    ``nereid.models.admin``'s; these read the HTTP request and write the HTTP response."""
+
+    def __init__(
+        self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager | None = None
+    ) -> None:
+        super().__init__(manager, options)
+        self.manager = manager
+        self._shm = shm if shm is not None else SharedMemoryManager()
+        self.infer_endpoint = InferEndpoint(manager, options, self._shm)
+        #: POST .../infer for the ASGI engines, and for the native engine (see infer.py).
+        self.infer = self.infer_endpoint.asgi
+        self.start_infer = self.infer_endpoint.start
 
     # -- statistics ----------------------------------------------------------------------
 
@@ -103,7 +115,7 @@ class Endpoints:
         return json_response(admin.model_statistics(self.manager, None, None))
 
     async def model_stats(self, request: Request) -> Response:
-        return self._about_model(admin.model_statistics, request)
+        return _about_model(admin.model_statistics, self.manager, request)
 
     # -- repository ----------------------------------------------------------------------
 

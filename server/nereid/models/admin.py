@@ -2,7 +2,8 @@
 metadata, configuration, statistics and the model repository (index, load, unload).
 
 Owns what each answer holds and which error each failure is, in the JSON shapes of
-Triton's HTTP protocol (gRPC builds its messages from the same dicts). Knows no HTTP and
+Triton's HTTP protocol (gRPC builds its messages from the same dicts). Readiness, metadata
+and config read a ``Lookup`` (the manager, or a front-end worker's ``Directory`` of it). Knows no HTTP and
 no gRPC: ``nereid.http.endpoints`` and ``nereid.grpc.service`` are thin over it.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 from nereid import __version__
 from nereid.config import config_from_triton_json
 from nereid.errors import InvalidInputError, ModelNotFoundError, UnavailableError, UnsupportedError
+from nereid.models.directory import Lookup
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.repository.scan import check_model_name
 
@@ -59,14 +61,14 @@ def server_metadata() -> dict[str, Any]:
     return {"name": "nereid", "version": __version__, "extensions": list(EXTENSIONS)}
 
 
-def model_ready(manager: ModelManager, name: str, version: str | int | None) -> bool:
+def model_ready(manager: Lookup, name: str, version: str | int | None) -> bool:
     """Whether the version can serve now. Not ready (never an error) for an unknown model
     or version and for a version none of whose instances can serve, as Triton's core
     answers; a malformed version string is an error."""
     return why_not_ready(manager, name, version) is None
 
 
-def why_not_ready(manager: ModelManager, name: str, version: str | int | None) -> str | None:
+def why_not_ready(manager: Lookup, name: str, version: str | int | None) -> str | None:
     """None when the version can serve now; else why not: what an infer on it would be
     told (with the reason a failed load left), or why none of its instances can serve. A
     malformed version string raises InvalidInputError."""
@@ -80,7 +82,7 @@ def why_not_ready(manager: ModelManager, name: str, version: str | int | None) -
     return f"model '{name}' version {serving.version} is UNAVAILABLE: {serving.problem}"
 
 
-def model_metadata(manager: ModelManager, name: str, version: str | int | None) -> dict[str, Any]:
+def model_metadata(manager: Lookup, name: str, version: str | int | None) -> dict[str, Any]:
     serving = manager.get(name, parse_version(version))
     if version not in (None, ""):
         versions = [str(serving.version)]
@@ -101,7 +103,7 @@ def model_metadata(manager: ModelManager, name: str, version: str | int | None) 
     }
 
 
-def model_config(manager: ModelManager, name: str, version: str | int | None) -> dict[str, Any]:
+def model_config(manager: Lookup, name: str, version: str | int | None) -> dict[str, Any]:
     """The version's config in Triton's JSON form."""
     return manager.get(name, parse_version(version)).config_json
 

@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import AsyncIterator, Iterable, Mapping, Sequence
+from typing import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 from nereid.config.schema import ModelConfig
-from nereid.errors import ModelLoadError, ModelNotFoundError, ModelNotReadyError, NereidError, UnavailableError
+from nereid.errors import ModelLoadError, NereidError, UnavailableError
 from nereid.repository.model_file import describe_exception
 from nereid.models.dependencies import Dependencies
 from nereid.models.loader import Loader, ModelLoader
@@ -28,6 +28,7 @@ from nereid.models.states import (
     IndexEntry,
     ModelRecord,
     VersionStatus,
+    not_serving_error,
 )
 from nereid.options import MODEL_CONTROL_MODES
 from nereid.triton_python.bls import BlsTarget
@@ -119,6 +120,12 @@ class ModelManager:
             self.repositories, poll_secs, load=self._load_logged, unload=self._unload_logged
         )
         self._dependencies = Dependencies()  # ensembles' step models
+        #: called at once, on the loop, after each change to what the manager shows (a
+        #: version's state or reason, the versions that serve, a model known or
+        #: forgotten, start-up done, shutdown begun): front-end workers' picture of the
+        #: models follows it (models/directory.py). Not called for an instance's
+        #: ``problem``, which changes on its own.
+        self.on_change: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -135,12 +142,14 @@ class ModelManager:
             names = list(scan.roots) + list(scan.duplicates)  # a duplicate is remembered UNAVAILABLE
         await asyncio.gather(*(self._load_logged(name, startup=True) for name in names))
         self._startup_done = True
+        self._changed()
         if self.mode == "poll":
             self._poller.start()
 
     async def aclose(self) -> None:
         """Stop polling, then unload everything (in-flight requests finish first)."""
         self._closing = True
+        self._changed()
         await self._poller.aclose()
         names = list(self._records)
         results = await asyncio.gather(*(self.unload(name) for name in names), return_exceptions=True)
@@ -163,6 +172,15 @@ class ModelManager:
     def abandoned(self) -> list[str]:
         """``name:version`` of the versions whose running batches were abandoned."""
         return list(self._loader.abandoned) if isinstance(self._loader, ModelLoader) else []
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
+
+    @property
+    def records(self) -> Mapping[str, ModelRecord]:
+        """Every model the manager knows, by name (read only: the manager's to change)."""
+        return self._records
 
     @property
     def startup_done(self) -> bool:
@@ -195,37 +213,17 @@ class ModelManager:
     def get(self, name: str, version: int | None = None) -> ServingModel:
         """The READY model version to serve, or Triton's error for why there is none,
         followed by the reason the index holds (``...has no available versions; version
-        1 is UNAVAILABLE: <why it failed to load>``)."""
+        1 is UNAVAILABLE: <why it failed to load>``: states.not_serving_error)."""
         if version is None:
             serving = self._latest.get(name)
             if serving is not None:
                 return serving
+        else:
             record = self._records.get(name)
-            if record is not None:
-                raise ModelNotFoundError(
-                    _with_reason(f"Request for unknown model: '{name}' has no available versions", record.why_not_serving()),
-                    model=name,
-                )
-            raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found", model=name)
-        record = self._records.get(name)
-        if record is None:
-            raise ModelNotFoundError(f"Request for unknown model: '{name}' is not found", model=name)
-        serving = record.serving.get(version)
-        if serving is not None:
-            return serving
-        if version in record.statuses:
-            raise ModelNotReadyError(
-                _with_reason(
-                    f"Request for unknown model: '{name}' version {version} is not at ready state",
-                    record.why_not_serving(version),
-                ),
-                model=name,
-            )
-        # a model whose folder or config could not be read has no versions: say why
-        why = "" if record.statuses else record.why_not_serving()
-        raise ModelNotFoundError(
-            _with_reason(f"Request for unknown model: '{name}' version {version} is not found", why), model=name
-        )
+            serving = record.serving.get(version) if record is not None else None
+            if serving is not None:
+                return serving
+        raise not_serving_error(name, version, self._records.get(name))
 
     def serving_models(self) -> list[ServingModel]:
         """Every READY model version, by name then version."""
@@ -291,8 +289,10 @@ class ModelManager:
         async with self._locked(name) as record:
             retiring = record.unloading()
             self._refresh_latest(record)
+            self._changed()
             await asyncio.gather(*(self._retire(record, serving, keep_status=False) for serving in retiring.values()))
             record.all_unloaded()
+            self._changed()
         if unload_dependents:
             for step in self._dependencies.dependents(retiring.values(), self._latest.values()):
                 await self.unload(step, unload_dependents=True)
@@ -324,7 +324,10 @@ class ModelManager:
         nothing to say is dropped on the way out; a waiter that finds its record dropped
         takes the current one instead."""
         while True:
-            record = self._records.setdefault(name, ModelRecord(name))
+            record = self._records.get(name)
+            if record is None:
+                record = self._records[name] = ModelRecord(name)
+                self._changed()
             await record.lock.acquire()
             if self._records.get(name) is record:
                 break
@@ -334,6 +337,7 @@ class ModelManager:
         finally:
             if record.empty:
                 del self._records[name]
+                self._changed()
             record.lock.release()
 
     async def _load(self, name: str, config: ModelConfig | None, *, startup: bool) -> None:
@@ -352,6 +356,7 @@ class ModelManager:
                 is_model = config is not None or await asyncio.to_thread(is_model_folder, source.path)
                 if startup or record.statuses or is_model:
                     record.source_failed(source.missing_versions, reason)
+                    self._changed()
                 raise ModelLoadError(name, f"failed to load '{name}', {reason}", str(source.path))
             if source.config.ensemble_scheduling is not None:
                 await self._dependencies.load_steps(name, source.config, startup=startup, serving=self._latest,
@@ -370,6 +375,7 @@ class ModelManager:
         for version in versions:
             _log.info("loading: %s:%d", name, version)
         record.loading(versions)
+        self._changed()
         tasks = [
             asyncio.create_task(self._loader.load(source, selected), name=f"nereid-load-{name}:{selected.version}")
             for selected in source.versions
@@ -383,6 +389,7 @@ class ModelManager:
                 if not task.cancelled() and task.exception() is None:
                     await self._loader.close(task.result())
             record.load_cancelled(versions)
+            self._changed()
             raise
         loaded: dict[int, ServingModel] = {}
         for version, result in zip(versions, results):
@@ -396,6 +403,7 @@ class ModelManager:
                 failures[version] = describe_exception(result)
         if failures:
             record.roll_back(loaded, failures)
+            self._changed()
             await asyncio.gather(*(self._loader.close(serving) for serving in loaded.values()))
             detail = "".join(
                 f"version {version} is at UNAVAILABLE state: {reason};" for version, reason in sorted(failures.items())
@@ -404,6 +412,7 @@ class ModelManager:
         # Every version is ready: traffic moves in one step (no await until the old drain).
         old = record.swap(loaded)
         self._refresh_latest(record)
+        self._changed()
         await asyncio.gather(
             *(self._retire(record, serving, keep_status=serving.version in loaded) for serving in old.values())
         )
@@ -415,6 +424,7 @@ class ModelManager:
         await self._loader.close(serving)
         if not keep_status:
             record.unloaded(serving.version)
+            self._changed()
         _log.info("successfully unloaded '%s' version %d", serving.name, serving.version)
 
     def _refresh_latest(self, record: ModelRecord) -> None:
@@ -423,7 +433,3 @@ class ModelManager:
         else:
             self._latest.pop(record.name, None)
 
-
-def _with_reason(message: str, reason: str) -> str:
-    """Triton's words for a model that cannot serve, then nereid's reason (when known)."""
-    return f"{message}; {reason}" if reason else message

@@ -72,6 +72,18 @@ class ServingModel:
         return "no instance can serve: " + "; ".join(p for p in problems if p is not None)
 
     @property
+    def settled(self) -> bool:
+        """Whether ``problem`` changes only along with what the model manager announces
+        (``ModelManager.on_change``): none of its instances is a process (they restart on
+        their own), the batcher times none of its batches (no execution timeout), and an
+        ensemble's step models are settled (``EnsembleScheduler.settled``). A front-end
+        worker answers readiness from its picture of the models only where every version
+        it reads is settled (frontends/local_answers.py)."""
+        if isinstance(self.batcher, EnsembleScheduler):
+            return self.batcher.settled
+        return not self.has_process_instances and self.config.execution_timeout_ms <= 0
+
+    @property
     def withdrawn(self) -> bool:
         """An ensemble that Triton would have unloaded because of its step models
         (``EnsembleScheduler.withdrawn``): the index and readiness treat it as unloaded."""

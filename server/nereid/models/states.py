@@ -27,11 +27,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Container, Iterable, Protocol
 
+from nereid.errors import ModelNotFoundError, ModelNotReadyError
 from nereid.models.serving import ServingModel
 
-__all__ = ["IndexEntry", "LOADING", "ModelRecord", "READY", "UNAVAILABLE", "UNLOADED", "UNLOADING", "VersionStatus"]
+__all__ = [
+    "IndexEntry", "LOADING", "ModelRecord", "READY", "UNAVAILABLE", "UNLOADED", "UNLOADING", "VersionStatus",
+    "not_serving_error",
+]
 
 _log = logging.getLogger("nereid")
 
@@ -242,3 +246,47 @@ class ModelRecord:
             if status.state != READY:
                 self._set(version, UNAVAILABLE, UNLOADED)
         self.reason = ""
+
+
+class Explains(Protocol):
+    """What ``not_serving_error`` reads of a model: a ModelRecord, or its picture in a
+    front-end worker (``models.directory.ModelFacts``)."""
+
+    @property
+    def statuses(self) -> Container[int]: ...
+
+    def why_not_serving(self, version: int | None = None) -> str: ...
+
+
+def not_serving_error(
+    name: str, version: int | None, record: Explains | None
+) -> ModelNotFoundError | ModelNotReadyError:
+    """Triton's error for a request on ``name`` (``version``: None for the latest) that no
+    READY version takes, followed by the reason the index holds (``...has no available
+    versions; version 1 is UNAVAILABLE: <why it failed to load>``); ``record``: what is
+    known of the model (None: nothing)."""
+    if record is None:
+        return ModelNotFoundError(f"Request for unknown model: '{name}' is not found", model=name)
+    if version is None:
+        return ModelNotFoundError(
+            _with_reason(f"Request for unknown model: '{name}' has no available versions", record.why_not_serving()),
+            model=name,
+        )
+    if version in record.statuses:
+        return ModelNotReadyError(
+            _with_reason(
+                f"Request for unknown model: '{name}' version {version} is not at ready state",
+                record.why_not_serving(version),
+            ),
+            model=name,
+        )
+    # a model whose folder or config could not be read has no versions: say why
+    why = "" if record.statuses else record.why_not_serving()
+    return ModelNotFoundError(
+        _with_reason(f"Request for unknown model: '{name}' version {version} is not found", why), model=name
+    )
+
+
+def _with_reason(message: str, reason: str) -> str:
+    """Triton's words for a model that cannot serve, then nereid's reason (when known)."""
+    return f"{message}; {reason}" if reason else message

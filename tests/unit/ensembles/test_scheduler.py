@@ -74,6 +74,7 @@ class FakeStep:
         self.name, self.version, self.add = name, 1, add
         self.config = config(STEP.format(dims=dims, extra=extra), name)
         self.problem: str | None = None
+        self.settled = True
         self.started = asyncio.Event()
         self.gate: asyncio.Event | None = None
         self.error: NereidError | None = None
@@ -296,6 +297,17 @@ def test_the_ensemble_counts_as_unloaded_when_triton_would_have_unloaded_it() ->
     b.problem = None
     b.config = config(STEP.format(dims="-1", extra="").replace('name = "Y"', 'name = "Z"'), "b")
     assert scheduler.withdrawn
+
+
+def test_the_ensemble_is_settled_while_each_step_model_there_is_settled() -> None:
+    """Its problem then changes only when a step model is loaded or unloaded (which the
+    model manager announces), so a front-end worker may answer its readiness."""
+    scheduler, models, _ = diamond()
+    assert scheduler.settled
+    models.steps["b"].settled = False  # e.g. process instances, which restart on their own
+    assert not scheduler.settled
+    models.steps.pop("b")
+    assert scheduler.settled  # no model for the step: the manager's state, announced
 
 
 def test_a_closed_scheduler_refuses_new_requests() -> None:

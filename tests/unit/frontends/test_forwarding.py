@@ -11,6 +11,7 @@ import numpy as np
 
 from nereid.config.load import parse_model_config
 from nereid.frontends.arena import Arena
+from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.forwarding import MainLink
 from nereid.frontends.messages import FrameReader, Kind, frame
 from nereid.http.infer import InferHeaders
@@ -52,13 +53,15 @@ class Recorder:
 def run(test: Any) -> None:
     async def main() -> None:
         arena = Arena.create(1 << 16)
-        link = MainLink(arena)
+        generation = SharedGeneration.create()
+        link = MainLink(arena, DirectoryCopy(generation))
         transport = FakeTransport()
         link.connection_made(transport)
         try:
             await test(link, transport, arena)
         finally:
             arena.close()
+            generation.close()
 
     asyncio.run(main())
 
@@ -131,5 +134,22 @@ def test_one_results_message_answers_each_decoded_request_with_its_own_rows() ->
         assert link.ring.blocks == 0
         await next_turn()
         assert transport.sent[-1] == (Kind.FREED, [128])  # one block for both answers
+
+    run(test)
+
+
+def test_a_directory_message_updates_the_workers_copy_of_the_models() -> None:
+    from nereid.models.directory import ModelFacts, VersionFacts
+
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        assert link.directory.current() is None  # nothing yet: every lookup is forwarded
+        facts = ModelFacts({1: VersionFacts(1, CONFIG, {"name": "acc"}, None, True)}, frozenset({1}), "version 1 is READY",
+                           {1: "it is READY"})
+        link.data_received(frame((Kind.DIRECTORY.value, 0, True, True, {"acc": facts}, True)))
+        current = link.directory.current()
+        assert current is not None and current.get("acc").config_json == {"name": "acc"} and current.is_ready()
+        link.data_received(frame((Kind.DIRECTORY.value, 0, True, False, {"acc": None}, False)))
+        current = link.directory.current()
+        assert current is not None and current.models == {} and not current.is_ready()
 
     run(test)
