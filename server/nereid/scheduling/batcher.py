@@ -67,12 +67,7 @@ class DynamicBatcher(BatcherLifecycle):
         timeout, cancellation and errors are per payload). One result per payload: its
         Pending (``withdraw()`` it as ``submit``'s), or the error that refused it
         (QueueFullError, counted as REJECTED). Raises UnavailableError once closed."""
-        if self._closed:
-            raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
-        now = self._clock()
-        queue = self._queue
-        level = 0 if queue.single_level else queue.level_for(priority)
-        deadline_ns = queue.deadline_for(level, now, timeout_us) if queue.timed else 0
+        now, level, deadline_ns = self._admission(priority, timeout_us)
         cost_of, signature_of = self._cost_of, self._signature_of
         try:
             entries = [Pending(cost_of(payload), signature_of(payload), level, now, deadline_ns, payload, received,
@@ -80,7 +75,7 @@ class DynamicBatcher(BatcherLifecycle):
         except NereidError:  # a payload's cost cannot be counted (Model.batch_size): one at a time, it fails alone
             return [self._admit_or_error(payload, received, answer, level, now, deadline_ns)
                     for payload, received, answer in zip(payloads, received_ns, answers)]
-        queued = queue.push_many(entries)
+        queued = self._queue.push_many(entries)
         admitted: list[Pending | NereidError] = list(entries[:queued])
         for pending in entries[queued:]:
             self.stats.record_failure(now - pending.received_ns, "REJECTED")
@@ -125,15 +120,20 @@ class DynamicBatcher(BatcherLifecycle):
                  timeout_us: int | None) -> Pending:
         """Queue a payload with its Answer. Raises UnavailableError once closed,
         QueueFullError (counted as REJECTED)."""
+        now, level, deadline_ns = self._admission(priority, timeout_us)
+        pending = self._admit(payload, now if received_ns is None else received_ns, answer, level, now, deadline_ns)
+        self._arrived(now, deadline_ns)
+        return pending
+
+    def _admission(self, priority: int, timeout_us: int | None) -> tuple[int, int, int]:
+        """Now, the queue level of ``priority`` and the queue deadline of ``timeout_us``
+        for requests arriving now. Raises UnavailableError once closed."""
         if self._closed:
             raise UnavailableError(f"model '{self.model_name}' is not accepting requests")
         now = self._clock()
         queue = self._queue
         level = 0 if queue.single_level else queue.level_for(priority)
-        deadline_ns = queue.deadline_for(level, now, timeout_us) if queue.timed else 0
-        pending = self._admit(payload, now if received_ns is None else received_ns, answer, level, now, deadline_ns)
-        self._arrived(now, deadline_ns)
-        return pending
+        return now, level, queue.deadline_for(level, now, timeout_us) if queue.timed else 0
 
     def _admit(self, payload: Any, received_ns: int, answer: Answer, level: int, now: int, deadline_ns: int) -> Pending:
         """Into the queue (QueueFullError, counted as REJECTED, when there is no room)."""
