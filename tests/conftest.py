@@ -74,15 +74,18 @@ WORKERS = 1
 
 # -- which e2e tests the extra passes of `make test` run -------------------------------------
 #
-# `make test` runs the whole suite once (thread instances, config.toml), then tests/e2e again
-# under --isolation process and under --repo-format pbtxt. Two more full e2e passes took most
-# of a 17-23 minute `make test` on a 2-core machine, and most e2e files test the front end
-# (HTTP/1.1 framing, gRPC, TLS, restricted APIs, logging, CLI flags, hostile clients), which
-# behaves the same wherever model code runs and whichever file a config came from. So each
-# extra pass selects, by marker, the files whose behaviour depends on its setting (read from
-# what each file exercises), plus a smoke of the rest: every example model and every
-# datatype through the stock clients. `make test-full` runs both extra passes over all of
-# tests/e2e. A test can also carry either marker itself (@pytest.mark.isolation_sensitive).
+# `make test` runs the whole suite once (thread instances, config.toml, one HTTP process),
+# then tests/e2e again under --isolation process, under --repo-format pbtxt and under
+# --workers 2. Full e2e passes took most of a 17-23 minute `make test` on a 2-core machine,
+# and most e2e files test the front end (HTTP/1.1 framing, gRPC, TLS, restricted APIs,
+# logging, CLI flags, hostile clients), which behaves the same wherever model code runs and
+# whichever file a config came from. So each extra pass selects, by marker, the files whose
+# behaviour depends on its setting (read from what each file exercises), plus a smoke of
+# the rest: every example model and every datatype through the stock clients. `make
+# test-full` runs the extra passes over all of tests/e2e. A test can also carry a marker
+# itself (@pytest.mark.isolation_sensitive), in a file not listed, when only some of the
+# file's tests depend on the setting; and a run that cannot differ under a pass's setting
+# is left out of that pass (see _asgi_engine and the without_workers marker below).
 
 #: Where model code runs changes what these exercise (-m isolation_sensitive): batching and
 #: statistics across a process boundary, model faults and BaseExceptions in a worker,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, free_port
-from tests.waiting import wait_until
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 GOOD = """
 max_batch_size = 4
@@ -110,7 +110,8 @@ def test_missing_repository_folder_is_a_clear_cli_error(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nereid", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "nereid", *args], capture_output=True, text=True, timeout=START_TIMEOUT_S,
+                          cwd=ROOT)
 
 
 @pytest.mark.without_workers("runs the command line itself")
