@@ -57,9 +57,10 @@ lint: install-test
 
 # The extra passes re-run only the e2e tests whose behaviour depends on the pass's setting
 # (markers isolation_sensitive, config_format_sensitive and workers_sensitive, chosen file by file in
-# tests/conftest.py by what each file exercises, plus a smoke: every example model and every
-# datatype): three full e2e passes took most of a 17-23 minute `make test` on a 2-core
-# machine, spent on front-end tests (HTTP framing, gRPC, TLS, CLI) that no pass changes.
+# tests/conftest.py by what each file exercises, test by test where only some of a file's
+# tests depend on it, plus a smoke: every example model and every datatype): three full e2e
+# passes took most of a 17-23 minute `make test` on a 2-core machine, spent on front-end
+# tests (HTTP framing, gRPC, TLS, CLI) that no pass changes.
 # `make test-full` runs the extra passes over the whole e2e suite.
 test: install-test perf-analyzer
 	$(BIN)/lint-imports

@@ -74,15 +74,18 @@ WORKERS = 1
 
 # -- which e2e tests the extra passes of `make test` run -------------------------------------
 #
-# `make test` runs the whole suite once (thread instances, config.toml), then tests/e2e again
-# under --isolation process and under --repo-format pbtxt. Two more full e2e passes took most
-# of a 17-23 minute `make test` on a 2-core machine, and most e2e files test the front end
-# (HTTP/1.1 framing, gRPC, TLS, restricted APIs, logging, CLI flags, hostile clients), which
-# behaves the same wherever model code runs and whichever file a config came from. So each
-# extra pass selects, by marker, the files whose behaviour depends on its setting (read from
-# what each file exercises), plus a smoke of the rest: every example model and every
-# datatype through the stock clients. `make test-full` runs both extra passes over all of
-# tests/e2e. A test can also carry either marker itself (@pytest.mark.isolation_sensitive).
+# `make test` runs the whole suite once (thread instances, config.toml, one HTTP process),
+# then tests/e2e again under --isolation process, under --repo-format pbtxt and under
+# --workers 2. Full e2e passes took most of a 17-23 minute `make test` on a 2-core machine,
+# and most e2e files test the front end (HTTP/1.1 framing, gRPC, TLS, restricted APIs,
+# logging, CLI flags, hostile clients), which behaves the same wherever model code runs and
+# whichever file a config came from. So each extra pass selects, by marker, the files whose
+# behaviour depends on its setting (read from what each file exercises), plus a smoke of
+# the rest: every example model and every datatype through the stock clients. `make
+# test-full` runs the extra passes over all of tests/e2e. A test can also carry a marker
+# itself (@pytest.mark.isolation_sensitive), in a file not listed, when only some of the
+# file's tests depend on the setting; and a run that cannot differ under a pass's setting
+# is left out of that pass (see _asgi_engine and the without_workers marker below).
 
 #: Where model code runs changes what these exercise (-m isolation_sensitive): batching and
 #: statistics across a process boundary, model faults and BaseExceptions in a worker,
@@ -90,9 +93,16 @@ WORKERS = 1
 #: processes, Triton's BLS and pb_utils models, the in-process API, failed loads, the
 #: stats and config endpoints (which show the isolation). test_process_*.py, test_shared_process.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
+#: test_frontend_workers.py is not repeated either: front-end workers talk only to the main
+#: process (nereid/frontends imports nothing of nereid/instances), whose queue hands every
+#: request to an instance the same way wherever it runs; the two settings meet only in the
+#: main process, which this pass exercises through every other file. Likewise a test run
+#: with an ASGI engine (a parameter naming uvicorn, hypercorn or granian, e.g.
+#: test_base_exceptions.py's server) is left out: an HTTP engine reaches the instances only
+#: through that queue, so this pass runs such a test with the native engine.
 ISOLATION_SENSITIVE = frozenset({
     "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py",
-    "test_ensembles.py", "test_frontend_workers.py", "test_generate.py", "test_inprocess.py", "test_model_control.py",
+    "test_ensembles.py", "test_generate.py", "test_inprocess.py", "test_model_control.py",
     "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
@@ -119,11 +129,18 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: its picture of the models: every reason a model or version is not ready, restricted
 #: groups), answers, errors and limits seen from outside: the HTTP protocol, its errors and
 #: bad input, HTTPS, batching and statistics, model control, shared memory, streaming,
-#: metrics, disconnects, hostile clients, the stock clients and perf_analyzer, the start-up log.
+#: metrics, disconnects, hostile clients, the stock clients and perf_analyzer, the start-up
+#: log. A test of these files run with an ASGI ``engine`` (its ``engine`` parameter:
+#: uvicorn, hypercorn, granian) gets no workers (start_server adds --http-workers to the
+#: native engine only), so this pass leaves it out: it would run exactly as in the main
+#: pass; so does a test marked ``without_workers`` (gRPC or in-process only, or a command
+#: line the test runs itself, which start_server does not give workers).
+#: test_model_control.py and test_ensembles.py are not listed: their tests that depend on
+#: the workers carry the marker themselves (their docstrings say which and why).
 WORKERS_SENSITIVE = frozenset({
     "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
-    "test_endpoints.py", "test_ensembles.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
-    "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py", "test_restricted.py",
+    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_metrics.py", "test_native_http.py", "test_perf_analyzer.py", "test_restricted.py",
     "test_sequences.py", "test_several_repositories.py", "test_shared_memory.py", "test_tls.py",
     "test_unavailable_reasons.py",
 })
@@ -186,6 +203,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "workers_sensitive: e2e tests `make test` runs again under --workers 2 (WORKERS_SENSITIVE)"
+    )
+    config.addinivalue_line(
+        "markers", "without_workers(reason): sends no HTTP through a server start_server starts (gRPC or in-process "
+        "only, or a command line run by itself), so --workers changes nothing; the --workers pass of `make test` leaves it out"
     )
     global REPO_FORMAT, WORKERS
     WORKERS = config.getoption("workers")
@@ -263,11 +284,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if parts[0] in ("e2e", "gpu", "unit", "ray", "install"):
             item.add_marker(parts[0])
         if parts[0] == "e2e":
-            if parts[-1] in ISOLATION_SENSITIVE | SMOKE:
+            if parts[-1] in ISOLATION_SENSITIVE | SMOKE and not _asgi_engine(item):
                 item.add_marker("isolation_sensitive")
             if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
                 item.add_marker("config_format_sensitive")
-            if parts[-1] in WORKERS_SENSITIVE | SMOKE:
+            if parts[-1] in WORKERS_SENSITIVE | SMOKE and not _asgi_engine(item) and not item.get_closest_marker("without_workers"):
                 item.add_marker("workers_sensitive")
         if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
             # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
@@ -281,6 +302,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         toml_only = item.get_closest_marker("toml_only")
         if toml_only is not None and REPO_FORMAT != "toml":
             item.add_marker(pytest.mark.skip(reason=f"config.toml only: {toml_only.args[0]}"))
+
+
+def _asgi_engine(item: pytest.Item) -> bool:
+    """Whether ``item`` is the run of a test (or of its server fixture) with an ASGI engine:
+    one of its parameters names one."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(value, str) and value in ASGI_ENGINES for value in params)
+
+
+#: The HTTP engines --http-server chooses besides the native one (start_server gives them no workers).
+ASGI_ENGINES = frozenset({"uvicorn", "hypercorn", "granian"})
 
 
 def _cuda_available() -> bool:

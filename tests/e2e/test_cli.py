@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT, RepoBuilder, RunningServer, free_port
-from tests.waiting import wait_until
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 GOOD = """
 max_batch_size = 4
@@ -47,6 +47,7 @@ def test_serve_starts_reports_ready_and_stops_quickly_on_sigterm(serve) -> None:
         assert table[model] == ("1", "READY")
 
 
+@pytest.mark.without_workers("runs the command line itself")
 def test_python_dash_m_nereid_shows_the_tritonserver_flags() -> None:
     result = subprocess.run([sys.executable, "-m", "nereid", "serve", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--model-repository", "--http-address", "--http-port", "--metrics-port", "--model-control-mode",
@@ -97,6 +98,7 @@ def test_strict_readiness_is_not_ready_while_a_model_is_unavailable(serve, repo:
     assert get(server, "/v2/models/good/ready") == 200
 
 
+@pytest.mark.without_workers("runs the command line itself")
 def test_missing_repository_folder_is_a_clear_cli_error(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "nereid", "serve", "--model-repository", str(tmp_path / "nope")],
                             capture_output=True, text=True)
@@ -108,9 +110,11 @@ def test_missing_repository_folder_is_a_clear_cli_error(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nereid", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "nereid", *args], capture_output=True, text=True, timeout=START_TIMEOUT_S,
+                          cwd=ROOT)
 
 
+@pytest.mark.without_workers("runs the command line itself")
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -126,6 +130,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(args: tuple[str, ...], error: str) ->
     assert (result.returncode, result.stdout, result.stderr) == (2, "", error + "\n")
 
 
+@pytest.mark.without_workers("runs the command line itself")
 def test_a_busy_http_port_is_one_line_and_a_non_zero_exit_before_any_model_loads(repo: RepoBuilder) -> None:
     repo.add("good", GOOD)
     with socket.socket() as taken:

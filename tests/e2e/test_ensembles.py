@@ -1,7 +1,13 @@
 """Ensembles (``platform = "ensemble"``) on the real server: a preprocess -> model ->
 postprocess chain of Python models over HTTP (binary and JSON tensors), gRPC and the
 in-process API; per-step batching shown by the step models' statistics; a failing step;
-a step model unloaded and loaded again; loading with steps in explicit mode; bad configs."""
+a step model unloaded and loaded again; loading with steps in explicit mode; bad configs.
+
+Under ``make test``'s ``--workers 2`` pass only the tests marked ``workers_sensitive`` run
+again: an ensemble's request crosses from a front-end worker as any model's, decoded
+against its config (the ensemble's, which those tests infer with and read); its steps,
+their batching, statistics, failures and loads all run in the main process.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import queue
 import threading
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -19,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import nereid
-from tests.conftest import RepoBuilder, RunningServer
+from tests.conftest import RepoBuilder, RunningServer, start_server
 from tests.waiting import wait_until
 
 STEP_CONFIG = """
@@ -126,9 +133,20 @@ def index_of(server: RunningServer) -> list[dict]:  # type: ignore[type-arg]
     return rows
 
 
+@pytest.fixture(scope="module")
+def chain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server over ``chain`` for the tests that only ask it (no statistics, no
+    loads): a server start per test cost more than the tests."""
+    root = chain(RepoBuilder(tmp_path_factory.mktemp("chain") / "models"))
+    running = start_server(root, log_dir=tmp_path_factory.mktemp("chain-logs"))
+    yield running
+    running.stop()
+
+
+@pytest.mark.workers_sensitive
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_a_chain_of_python_models_answers_over_http(repo: RepoBuilder, serve, binary: bool) -> None:  # type: ignore[no-untyped-def]
-    server = serve(chain(repo))
+def test_a_chain_of_python_models_answers_over_http(chain_server: RunningServer, binary: bool) -> None:
+    server = chain_server
     raw = np.arange(8, dtype=np.float32).reshape(2, 4)
     client = httpclient.InferenceServerClient(server.url)
     infer_input = httpclient.InferInput("RAW", [2, 4], "FP32")
@@ -142,8 +160,8 @@ def test_a_chain_of_python_models_answers_over_http(repo: RepoBuilder, serve, bi
     np.testing.assert_array_equal(only.as_numpy("RESULT"), expected(raw))
 
 
-def test_a_chain_of_python_models_answers_over_grpc_and_in_process(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
-    server = serve(chain(repo))
+def test_a_chain_of_python_models_answers_over_grpc_and_in_process(chain_server: RunningServer, repo: RepoBuilder) -> None:
+    server = chain_server
     raw = np.ones((1, 4), dtype=np.float32)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     infer_input = grpcclient.InferInput("RAW", [1, 4], "FP32")
@@ -151,13 +169,14 @@ def test_a_chain_of_python_models_answers_over_grpc_and_in_process(repo: RepoBui
     result = client.infer("chain", [infer_input], outputs=[grpcclient.InferRequestedOutput("RESULT")])
     np.testing.assert_array_equal(result.as_numpy("RESULT"), expected(raw))
     assert result.as_numpy("SCALED") is None
-    with nereid.Server(repo.root) as local:
+    with nereid.Server(chain(repo)) as local:
         outputs = local.infer("chain", {"RAW": raw})
     np.testing.assert_array_equal(outputs["RESULT"], expected(raw))
 
 
-def test_metadata_config_and_index_show_the_ensemble(repo: RepoBuilder, serve) -> None:  # type: ignore[no-untyped-def]
-    server = serve(chain(repo))
+@pytest.mark.workers_sensitive
+def test_metadata_config_and_index_show_the_ensemble(chain_server: RunningServer) -> None:
+    server = chain_server
     client = httpclient.InferenceServerClient(server.url)
     metadata = client.get_model_metadata("chain")
     assert metadata["platform"] == "ensemble"

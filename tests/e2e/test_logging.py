@@ -35,6 +35,17 @@ def server(repo: RepoBuilder, tmp_path: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def unchanged_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for the tests that only read the settings or send ones it must refuse
+    (each checks that nothing changed): a server start per test cost more than the tests."""
+    repo = RepoBuilder(tmp_path_factory.mktemp("logging") / "models")
+    repo.add("identity", IDENTITY)
+    running = start_server(repo.root, "--allow-metrics", "false", log_dir=tmp_path_factory.mktemp("logging-logs"))
+    yield running
+    running.stop()
+
+
 @pytest.fixture
 def shm_object(tmp_path: Path) -> Iterator[str]:
     """A 16-byte object in /dev/shm; registering it makes the server log a DEBUG line."""
@@ -61,8 +72,8 @@ def wait_for_line(server: RunningServer, pattern: str) -> str:
     return wait_until(matching, lambda: f"a log line matching {pattern!r}:\n{server.log()}", every=0.05)
 
 
-def test_settings_have_triton_shape_and_defaults(server: RunningServer) -> None:
-    client = httpclient.InferenceServerClient(server.url)
+def test_settings_have_triton_shape_and_defaults(unchanged_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(unchanged_server.url)
     assert client.get_log_settings() == DEFAULTS
     assert "logging" in client.get_server_metadata()["extensions"]
     client.close()
@@ -114,14 +125,16 @@ def test_info_switch_and_iso8601_format_apply_at_once(server: RunningServer) -> 
     ],
 )
 def test_bad_settings_are_refused_and_change_nothing(
-    server: RunningServer, body: dict[str, Any], status: int, message: str
+    unchanged_server: RunningServer, body: dict[str, Any], status: int, message: str
 ) -> None:
+    server = unchanged_server
     reply = post(server, body)
     assert (reply.status_code, reply.json()) == (status, {"error": message})
     assert httpx.get(f"{server.http}/v2/logging").json() == DEFAULTS
 
 
-def test_empty_logging_body_is_a_json_error(server: RunningServer) -> None:
+def test_empty_logging_body_is_a_json_error(unchanged_server: RunningServer) -> None:
+    server = unchanged_server
     reply = httpx.post(f"{server.http}/v2/logging", content=b"")
     assert reply.status_code == 500
     assert "The document is empty" in reply.json()["error"]
@@ -171,7 +184,9 @@ def test_trace_settings_are_accepted_and_reported_per_model(server: RunningServe
                      id="rate-not-a-string"),
     ],
 )
-def test_bad_trace_settings_are_refused(server: RunningServer, body: dict[str, Any], status: int, message: str) -> None:
+def test_bad_trace_settings_are_refused(unchanged_server: RunningServer, body: dict[str, Any], status: int,
+                                       message: str) -> None:
+    server = unchanged_server
     reply = httpx.post(f"{server.http}/v2/trace/setting", json=body)
     assert (reply.status_code, reply.json()) == (status, {"error": message})
     assert httpx.get(f"{server.http}/v2/trace/setting").json() == TRACE_DEFAULTS

@@ -173,6 +173,7 @@ def test_a_busy_metrics_port_is_logged_and_http_still_serves(serve: Any, repo: R
     assert f"metrics: cannot listen on 127.0.0.1:{port}" in running.log()
 
 
+@pytest.mark.without_workers("in process: no server")
 def test_two_servers_in_one_process_never_share_counters(repo: RepoBuilder, tmp_path: Path) -> None:
     from nereid.options import ServerOptions
     from nereid.server import Server

@@ -1,6 +1,13 @@
 """Model control seen from outside: explicit load / unload / reload with stock
 tritonclient, config overrides, poll mode following the folder, reloads under load,
-refused names, warmup, and readiness that tells the truth."""
+refused names, warmup, and readiness that tells the truth.
+
+Under ``make test``'s ``--workers 2`` pass only the tests marked ``workers_sensitive`` run
+again: those where a front-end worker's view of a model must follow the main process's
+(loads, unloads, reloads with another config, poll mode, readiness while loading, an
+unload draining requests a worker forwarded, raw paths a worker routes). The others
+exercise the model manager, whose answers a worker forwards as it forwards any other.
+"""
 
 from __future__ import annotations
 
@@ -152,6 +159,7 @@ def test_explicit_mode_with_star_loads_every_model(serve, repo: RepoBuilder) -> 
     assert ready(server, "a") and ready(server, "b")
 
 
+@pytest.mark.workers_sensitive
 def test_load_unload_and_load_again_round_trip(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     repo.add("m", CONFIG, adder(5))
     server = serve(repo.root, "--model-control-mode", "explicit")
@@ -213,6 +221,7 @@ def test_unload_unknown_model_is_a_no_op(serve, repo: RepoBuilder) -> None:  # t
 # -- config override -------------------------------------------------------------------------
 
 
+@pytest.mark.workers_sensitive
 def test_load_with_a_config_override_serves_that_config(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     repo.add("m", CONFIG, adder(1))
     server = serve(repo.root, "--model-control-mode", "explicit", "--load-model", "m")
@@ -230,6 +239,7 @@ def test_load_with_a_config_override_serves_that_config(serve, repo: RepoBuilder
         c.close()
 
 
+@pytest.mark.workers_sensitive
 def test_an_invalid_config_override_is_refused_naming_the_key_and_the_old_load_serves(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     repo.add("m", CONFIG, adder(1))
     server = serve(repo.root, "--model-control-mode", "explicit", "--load-model", "m")
@@ -358,6 +368,7 @@ def test_load_and_unload_are_refused_unless_mode_is_explicit(serve, repo: RepoBu
     assert added(server, "m") == 1
 
 
+@pytest.mark.workers_sensitive
 def test_names_that_are_not_folder_names_are_refused_before_the_filesystem(serve, repo: RepoBuilder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     repo.add("m", CONFIG, adder(1))
     # a model that sits outside the repository, next to it: it must never load
@@ -402,6 +413,7 @@ class Model:
 """ + MODEL_GATE
 
 
+@pytest.mark.workers_sensitive
 def test_unload_lets_accepted_requests_finish_and_refuses_new_ones(serve, repo: RepoBuilder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     started, release = tmp_path / "started", tmp_path / "release"
     repo.add("slow", CONFIG, GATED.format(started=str(started), release=str(release)))
@@ -445,6 +457,7 @@ def test_unload_lets_accepted_requests_finish_and_refuses_new_ones(serve, repo: 
 # -- reload under load -----------------------------------------------------------------------
 
 
+@pytest.mark.workers_sensitive
 def test_a_reload_under_concurrent_load_fails_no_request(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     folder = repo.add("m", CONFIG, adder(1000, infer_secs=0.002))
     server = serve(repo.root, "--model-control-mode", "explicit", "--load-model", "m")
@@ -506,6 +519,7 @@ def state_of(server: RunningServer, model: str) -> list[dict[str, str]]:
     return index(server).get(model, [])
 
 
+@pytest.mark.workers_sensitive
 def test_poll_mode_follows_new_changed_and_removed_folders(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     folder = repo.add("a", CONFIG, adder(1))
     server = serve(repo.root, "--model-control-mode", "poll", "--repository-poll-secs", "0.2")
@@ -630,6 +644,7 @@ class Model:
 """ + MODEL_GATE
 
 
+@pytest.mark.workers_sensitive
 def test_the_server_is_not_ready_while_the_initial_load_runs(serve, repo: RepoBuilder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     gate = tmp_path / "gate"
     repo.add("slow", CONFIG, GATED_INIT.format(gate=str(gate)))

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
 from tests.e2e.test_grpc import CONFIG, ENGINES
+from tests.waiting import START_TIMEOUT_S
 
 KEY = "admin-key"
 SECRET = "s3cret-Value-Do-Not-Log"
@@ -238,7 +239,7 @@ def test_a_group_in_two_flags_stops_the_server_as_triton_does(repo: RepoBuilder)
     result = subprocess.run(
         [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repo.root),
          "--http-restricted-api", "model-repository,health:k1=v1", "--http-restricted-api", f"metadata,health:k2={SECRET}"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=START_TIMEOUT_S,
     )
     assert result.returncode == 2
     assert "--http-restricted-api: group 'health' can not be specified in multiple config groups" in result.stderr

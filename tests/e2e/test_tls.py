@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from tests.certificates import Certificates, make_certificates
 from tests.conftest import RepoBuilder, RunningServer, start_server
 from tests.e2e.test_grpc import CONFIG, ENGINES
-from tests.waiting import wait_until
+from tests.waiting import START_TIMEOUT_S, wait_until
 
 HTTP_ENGINES = ["native", "uvicorn", "hypercorn", "granian"]
 
@@ -296,7 +296,7 @@ def test_missing_certificate_stops_the_server_naming_the_flag(repo: RepoBuilder,
         [sys.executable, "-m", "nereid", "serve", "--model-repository", str(repo.root), "--http-port", "0",
          "--allow-grpc", "false", "--allow-metrics", "false", "--http-use-ssl", "true",
          "--http-server-cert", str(missing), "--http-server-key", str(missing)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=START_TIMEOUT_S,
     )
     assert result.returncode == 1
     assert "--http-server-cert / --http-server-key: No such file or directory" in result.stderr
