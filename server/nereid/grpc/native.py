@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -159,10 +160,12 @@ class NativeGrpcServer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self) -> int:
-        """Listen; the bound port (0 picks one). OSError (StartupError) when it cannot be bound."""
+    async def start(self, sock: socket.socket | None = None) -> int:
+        """Listen (on ``sock`` when given: a front-end worker's); the bound port (0 picks
+        one). OSError (StartupError) when it cannot be bound."""
         loop = asyncio.get_running_loop()
-        sock = listen(self.address, self.requested_port, "--grpc-port")
+        if sock is None:
+            sock = listen(self.address, self.requested_port, "--grpc-port")
         secure: dict[str, Any] = {}
         if self.tls is not None:
             # The loop does TLS handshakes without blocking: unfinished ones delay nobody,
