@@ -92,8 +92,8 @@ WORKERS = 1
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
 ISOLATION_SENSITIVE = frozenset({
     "test_base_exceptions.py", "test_batching_http.py", "test_bls.py", "test_custom_metrics.py", "test_endpoints.py",
-    "test_ensembles.py", "test_frontend_workers.py", "test_generate.py", "test_inprocess.py", "test_model_control.py",
-    "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
+    "test_ensembles.py", "test_frontend_workers.py", "test_frontend_workers_grpc.py", "test_generate.py",
+    "test_inprocess.py", "test_model_control.py", "test_model_faults.py", "test_sequences.py", "test_shared_memory.py",
     "test_triton_models.py", "test_unavailable_reasons.py",
 })
 
@@ -118,10 +118,12 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: everything else forwarded), answers, errors and limits seen from outside: the HTTP
 #: protocol, its errors and bad input, batching and statistics, model control, shared
 #: memory, streaming, metrics, disconnects, hostile clients, the stock clients and
-#: perf_analyzer, the start-up log.
+#: perf_analyzer, the start-up log; gRPC (served by the workers too: ModelInfer decoded
+#: there, every other call relayed) and its errors.
 WORKERS_SENSITIVE = frozenset({
     "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
-    "test_endpoints.py", "test_ensembles.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_endpoints.py", "test_ensembles.py", "test_errors_json.py", "test_generate.py", "test_grpc.py",
+    "test_grpc_errors.py", "test_hostile_clients.py",
     "test_metrics.py", "test_model_control.py", "test_native_http.py", "test_perf_analyzer.py", "test_sequences.py",
     "test_shared_memory.py",
 })
