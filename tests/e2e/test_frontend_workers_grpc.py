@@ -63,6 +63,11 @@ def tensor(value: float) -> grpcclient.InferInput:
     return data
 
 
+def send(each: grpcclient.InferenceServerClient, index: int, answers: queue.Queue[Any]) -> None:
+    """An infer of ``index`` on model gather; (index, result, error) into ``answers``."""
+    each.async_infer("gather", [tensor(float(index))], lambda result, error: answers.put((index, result, error)))
+
+
 def spread_clients(server: RunningServer, count: int) -> list[grpcclient.InferenceServerClient]:
     """``count`` clients, each on its own connection, until both workers hold some."""
     clients: list[grpcclient.InferenceServerClient] = []
@@ -135,7 +140,7 @@ def test_one_batch_holds_grpc_requests_that_came_through_different_workers(repo:
     clients = spread_clients(server, 8)
     answers: queue.Queue[Any] = queue.Queue()
     for index, each in enumerate(clients):
-        each.async_infer("gather", [tensor(float(index))], lambda result, error, index=index: answers.put((index, result, error)))
+        send(each, index, answers)
     outcomes = sorted(answers.get(timeout=START_TIMEOUT_S) for _ in clients)
     for index, result, error in outcomes:
         assert error is None, error
@@ -161,7 +166,7 @@ def test_one_batch_holds_http_and_grpc_requests(repo: RepoBuilder, serve) -> Non
     clients = [client(server) for _ in range(4)]
     answers: queue.Queue[Any] = queue.Queue()
     for index, each in enumerate(clients):
-        each.async_infer("gather", [tensor(float(index))], lambda result, error, index=index: answers.put((index, result, error)))
+        send(each, index, answers)
     threads = [threading.Thread(target=over_http, args=(index,)) for index in range(4)]
     for thread in threads:
         thread.start()
@@ -185,7 +190,7 @@ def test_a_dead_worker_fails_only_the_grpc_calls_it_held(repo: RepoBuilder, serv
     held = grpc_connections_by_worker(server)
     answers: queue.Queue[Any] = queue.Queue()
     for index, each in enumerate(clients):
-        each.async_infer("gather", [tensor(float(index))], lambda result, error, index=index: answers.put((index, result, error)))
+        send(each, index, answers)
     wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 4, "4 requests queued")
     victim = min(held)
     os.kill(victim, signal.SIGKILL)
@@ -196,7 +201,7 @@ def test_a_dead_worker_fails_only_the_grpc_calls_it_held(repo: RepoBuilder, serv
     assert all(error is not None and result is None for _, result, error in failed)
     fresh = [client(server) for _ in range(8 - survivors)]  # through any worker, the restarted one included
     for index, each in enumerate(fresh, 10):
-        each.async_infer("gather", [tensor(float(index))], lambda result, error, index=index: answers.put((index, result, error)))
+        send(each, index, answers)
     done = [answers.get(timeout=START_TIMEOUT_S) for _ in range(8)]
     assert all(error is None for _, _, error in done), done
     for index, result, _ in done:

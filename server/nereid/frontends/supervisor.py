@@ -150,7 +150,8 @@ class FrontEnds:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_COMMAND, *(str(fd) for fd in fds), str(arena.size),
                 str(self.limits.fd), str(self.limits.rows), str(grpc_fd),
-                pass_fds=(*fds, self.limits.fd, *((grpc_fd,) if grpc_fd >= 0 else ())), stdin=asyncio.subprocess.DEVNULL, env=env,
+                pass_fds=(*fds, self.limits.fd, *((grpc_fd,) if grpc_fd >= 0 else ())),
+                stdin=asyncio.subprocess.DEVNULL, env=env,
             )
         finally:
             theirs.close()
