@@ -142,7 +142,7 @@ _FLAGS = (
     _Flag("--log-error", _bool, "log errors (default true)"),
     _Flag("--log-format", str, "default | ISO8601", ("default", "ISO8601")),
     _Flag("--http-server", str, "HTTP engine (default {default})", HTTP_SERVERS),
-    _Flag("--http-workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP)"),
+    _Flag("--http-workers", _checked(int, lambda value: value >= 1, "a whole number >= 1"), "front-end processes serving HTTP with the native engine, and gRPC too (native gRPC engine, plaintext); the models stay in one process, so batches hold requests from all of them (default 1: the server's own process serves HTTP and gRPC)"),
     _Flag("--max-request-size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", _bool, "allow client shared-memory registration (default true)"),
