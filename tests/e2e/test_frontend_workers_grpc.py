@@ -71,13 +71,17 @@ def send(each: grpcclient.InferenceServerClient, index: int, answers: queue.Queu
 def spread_clients(server: RunningServer, count: int) -> list[grpcclient.InferenceServerClient]:
     """``count`` clients, each on its own connection, until both workers hold some."""
     clients: list[grpcclient.InferenceServerClient] = []
+
+    def settled() -> dict[int, int] | None:
+        held = grpc_connections_by_worker(server)  # accepted by now, or both workers reached
+        return held if sum(held.values()) >= len(clients) or len(held) == 2 else None
+
     for _ in range(100):
         while len(clients) < count:
             fresh = client(server)
             assert fresh.is_server_live()
             clients.append(fresh)
-        held = wait_until(lambda: (lambda by: by if sum(by.values()) >= len(clients) else None)(
-            grpc_connections_by_worker(server)), lambda: f"the connections' workers: {grpc_connections_by_worker(server)}")
+        held = wait_until(settled, lambda: f"the connections' workers: {grpc_connections_by_worker(server)}")
         if len(held) == 2:
             return clients
         clients.pop(0).close()
@@ -194,11 +198,13 @@ def test_a_dead_worker_fails_only_the_grpc_calls_it_held(repo: RepoBuilder, serv
     wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == 4, "4 requests queued")
     victim = min(held)
     os.kill(victim, signal.SIGKILL)
+    # the dead worker's calls leave the queue and fail; the other worker's stay queued
+    failed = [answers.get(timeout=START_TIMEOUT_S) for _ in range(held[victim])]
+    assert all(error is not None and result is None for _, result, error in failed)
     survivors = 4 - held[victim]
     wait_until(lambda: server.gauge("nv_inference_pending_request_count", "gather") == survivors,
                "the dead worker's requests gone from the queue")
-    failed = [answers.get(timeout=START_TIMEOUT_S) for _ in range(held[victim])]
-    assert all(error is not None and result is None for _, result, error in failed)
+    assert answers.empty()
     fresh = [client(server) for _ in range(8 - survivors)]  # through any worker, the restarted one included
     for index, each in enumerate(fresh, 10):
         send(each, index, answers)
