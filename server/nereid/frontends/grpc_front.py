@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from nereid.config.schema import ModelConfig
-from nereid.errors import InternalError, NereidError
+from nereid.errors import NereidError
 from nereid.frontends.arena import Arena
 from nereid.frontends.decoding import Decoded, answer, lay_out
 from nereid.frontends.forwarding import MainLink, _DecodedCall, _InferCall
@@ -174,8 +174,7 @@ class _GrpcCall(_InferCall):
             return
         except Exception as exc:  # a bug: this call fails, loudly
             _log.exception("gRPC: encoding a ModelInfer answer in a front-end worker failed")
-            error = InternalError(f"internal error: {exc}")
-            self.end(Status.INTERNAL, error.message)
+            self.end(Status.INTERNAL, f"internal error: {exc}")  # as the main process says it
             return
         self.stream.call = None
         self.raw = None
@@ -337,9 +336,6 @@ class GrpcMainLink(MainLink):
         if not call.withdrawn and call.stream.call is call:  # else nobody waits
             call.data, call.raw = call.raw, None
             self._relay(call)  # the main process announces the version it serves now
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)  # every call it held: UNAVAILABLE (their responder)
 
 
 class WorkerModelInfer:
