@@ -236,3 +236,28 @@ def test_a_grpc_stream_is_relayed_both_ways_through_a_worker(repo: RepoBuilder, 
     stats = each.get_inference_statistics("identity").model_stats[0]
     assert stats.inference_stats.success.count == 5
     each.close()
+
+
+def test_grpc_max_connections_holds_for_the_whole_server(repo: RepoBuilder, serve) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra=""))
+    server = serve(repo.root, "--http-workers", "2", "--grpc-max-connections", "2")
+    for _ in range(50):  # until the two connections are on different workers
+        pair = [client(server) for _ in range(2)]
+        assert all(each.is_server_live() for each in pair)
+        held = wait_until(lambda: (lambda by: by if sum(by.values()) == 2 else None)(grpc_connections_by_worker(server)),
+                          "both connections accepted")
+        if len(held) == 2:
+            break
+        for each in pair:
+            each.close()
+        wait_until(lambda: not grpc_connections_by_worker(server), "the connections closed")
+    else:
+        raise AssertionError("gRPC connections reached only one worker")
+    # each worker holds one, under the limit of 2 on its own: the server-wide count refuses a third
+    third = client(server)
+    with pytest.raises(grpcclient.InferenceServerException, match="UNAVAILABLE|ENHANCE_YOUR_CALM|GOAWAY"):
+        third.is_server_live()
+    third.close()
+    assert all(each.is_server_live() for each in pair)
+    for each in pair:
+        each.close()

@@ -55,12 +55,11 @@ calls), ``grpc_link`` (the main process's side of them), ``worker`` (the worker 
 main process's side of one worker), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life).
 
-The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a
+The connection limits (HTTP's and gRPC's) and the request-bytes budget hold server-wide (``shared_limits``: a
 row per process in shared memory, summed at each check).
 
 Not yet: gRPC over TLS or on grpcio through the workers (the main process serves the
-gRPC port then, as with one process); --grpc-max-connections server-wide (it holds per
-worker); back-pressure across the link on a relayed gRPC stream's responses; health and metadata answered in the worker from shared state (they are
+gRPC port then, as with one process); back-pressure across the link on a relayed gRPC stream's responses; health and metadata answered in the worker from shared state (they are
 forwarded, one hop); HTTPS in the workers; back-pressure on a forwarded streamed response
 (its parts queue in the worker while its client reads slowly).
 """

@@ -32,6 +32,7 @@ from nereid.frontends.decoding import Decoded, answer, lay_out
 from nereid.frontends.forwarding import MainLink, _DecodedCall, _InferCall
 from nereid.frontends.layout import layout_size, read_arrays
 from nereid.frontends.messages import Kind
+from nereid.frontends.shared_limits import CountedConnections, SharedLimits
 from nereid.grpc.h2.calls import Status
 from nereid.grpc.h2.connection import GrpcConnection
 from nereid.grpc.h2.stream import GrpcStream
@@ -382,12 +383,22 @@ class WorkerGrpcServer(NativeGrpcServer):
     deadlines, with ModelInfer routed to ``WorkerModelInfer`` (unless its group is
     restricted: the main process checks the key) and every other call relayed."""
 
-    def __init__(self, link: GrpcMainLink, options: ServerOptions, budget: RequestBudget) -> None:
+    def __init__(
+        self, link: GrpcMainLink, options: ServerOptions, budget: RequestBudget, shared: SharedLimits | None = None,
+        index: int = 0,
+    ) -> None:
         super().__init__(cast(InferenceService, None), options, budget=budget)
         self._link = link
+        #: --grpc-max-connections server-wide: each worker's count in its row of ``shared``
+        self._shared = shared
+        if shared is not None:
+            self.connections = CountedConnections(shared, index, grpc=True)
         restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         restricted = METHOD_GROUPS["ModelInfer"] in restrictions
         self.routes = {} if restricted else {_MODEL_INFER: WorkerModelInfer(link)}
+
+    def open_connections(self) -> int:
+        return self._shared.grpc_connections() if self._shared is not None else len(self.connections)
 
     @staticmethod
     def _method_table(service: InferenceService, restrictions: Any) -> dict[bytes, Any]:

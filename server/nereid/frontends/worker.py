@@ -89,7 +89,7 @@ async def _serve(
     if grpc_fd >= 0:
         from nereid.frontends.grpc_front import GrpcMainLink, WorkerGrpcServer
         assert isinstance(link, GrpcMainLink)
-        grpc_server = WorkerGrpcServer(link, options, budget)
+        grpc_server = WorkerGrpcServer(link, options, budget, shared, index)
         await grpc_server.start(socket.socket(fileno=grpc_fd))
     _log.debug("HTTP front-end worker %d serving%s", index, " (and gRPC)" if grpc_server is not None else "")
     stopping = asyncio.create_task(_stop_grpc(grpc_server, link.stopped, options)) if grpc_server else None

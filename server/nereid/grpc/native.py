@@ -176,9 +176,14 @@ class NativeGrpcServer:
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep)
         return self.port
 
+    def open_connections(self) -> int:
+        """The connections --grpc-max-connections counts (a front-end worker counts the
+        whole server's)."""
+        return len(self.connections)
+
     def _connection(self) -> GrpcConnection:
         refusal = None
-        if len(self.connections) >= self.limits.max_connections:
+        if self.open_connections() >= self.limits.max_connections:
             self.refused_connections.refused()
             refusal = self.refused_connections.message()
         if self.tls is not None:
