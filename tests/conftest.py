@@ -93,7 +93,7 @@ WORKERS = 1
 #: processes, Triton's BLS and pb_utils models, the in-process API, failed loads, the
 #: stats and config endpoints (which show the isolation). test_process_*.py, test_shared_process.py and
 #: test_device_tensors.py choose their isolation themselves, so they are not repeated.
-#: test_frontend_workers.py is not repeated either: front-end workers talk only to the main
+#: test_frontend_workers*.py are not repeated either: front-end workers talk only to the main
 #: process (nereid/frontends imports nothing of nereid/instances), whose queue hands every
 #: request to an instance the same way wherever it runs; the two settings meet only in the
 #: main process, which this pass exercises through every other file. Likewise a test run
@@ -130,7 +130,8 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: groups), answers, errors and limits seen from outside: the HTTP protocol, its errors and
 #: bad input, HTTPS, batching and statistics, model control, shared memory, streaming,
 #: metrics, disconnects, hostile clients, the stock clients and perf_analyzer, the start-up
-#: log. A test of these files run with an ASGI ``engine`` (its ``engine`` parameter:
+#: log; gRPC (served by the workers too: ModelInfer decoded there, every other call
+#: relayed) and its errors. A test of these files run with an ASGI ``engine`` (its ``engine`` parameter:
 #: uvicorn, hypercorn, granian) gets no workers (start_server adds --http-workers to the
 #: native engine only), so this pass leaves it out: it would run exactly as in the main
 #: pass; so does a test marked ``without_workers`` (gRPC or in-process only, or a command
@@ -139,7 +140,8 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: the workers carry the marker themselves (their docstrings say which and why).
 WORKERS_SENSITIVE = frozenset({
     "test_bad_input.py", "test_batching_http.py", "test_cli.py", "test_clients.py", "test_disconnect.py",
-    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_hostile_clients.py",
+    "test_endpoints.py", "test_errors_json.py", "test_generate.py", "test_grpc.py",
+    "test_grpc_errors.py", "test_hostile_clients.py",
     "test_metrics.py", "test_native_http.py", "test_perf_analyzer.py", "test_restricted.py",
     "test_sequences.py", "test_several_repositories.py", "test_shared_memory.py", "test_tls.py",
     "test_unavailable_reasons.py",

@@ -192,7 +192,7 @@ _FLAGS = (
     _Flag("--log-error", _bool, "log errors (default true)"),
     _Flag("--log-format", str, "default | ISO8601", ("default", "ISO8601")),
     _Flag("--http-server", str, "HTTP engine (default {default})", HTTP_SERVERS),
-    _Flag("--http-workers", _workers, "front-end processes serving HTTP with the native engine; the models stay in one process, so batches hold requests from all of them; auto: one per 4 cores from 8 cores on, at most 8, else 1 (default 1: the server's own process serves HTTP)", metavar="N|auto"),
+    _Flag("--http-workers", _workers, "front-end processes serving HTTP with the native engine, and gRPC too (native gRPC engine, plaintext); the models stay in one process, so batches hold requests from all of them; auto: one per 4 cores from 8 cores on, at most 8, else 1 (default 1: the server's own process serves HTTP and gRPC)", metavar="N|auto"),
     _Flag("--max-request-size", _size, "largest request body in bytes, after decompression (default 256 MiB)"),
     _Flag("--http-max-input-size", _size, "largest JSON header in bytes (default 64 MiB)"),
     _Flag("--allow-client-shm", _bool, "allow client shared-memory registration (default true)"),

@@ -98,6 +98,8 @@ class Server(InProcessServer):
         self.metrics_port: int | None = None
         #: the bound gRPC port while serving (None when gRPC is off).
         self.grpc_port: int | None = None
+        #: the gRPC server that answers the calls front-end workers relay (--http-workers > 1)
+        self._relayed_grpc: Any = None
         self.app: NereidApp = create_app(
             self.manager, options_, on_started=self._on_started, shm=self.shm, refusals=self.refusals
         )
@@ -226,6 +228,10 @@ class Server(InProcessServer):
             server = GrpcServer(service, options, tls=self.grpc_tls if tls is not None else None, refusals=self.refusals)
         else:
             server = NativeGrpcServer(service, options, budget=self.request_budget, tls=tls, refusals=self.refusals)
+            if options.http_server == "native" and options.http_workers > 1 and tls is None:
+                # the front-end workers serve the port; this server answers what they relay
+                self._relayed_grpc = server
+                return server
         try:
             self.grpc_port = await server.start()
         except StartupError as exc:
@@ -307,11 +313,21 @@ class Server(InProcessServer):
         assert self._shutdown is not None
         state: dict[str, Any] = {}
         assert self.shared_limits is not None
-        frontends = FrontEnds(self.app, options, state, options.http_workers, self.shared_limits, self.http_tls)
+        frontends = FrontEnds(
+            self.app, options, state, options.http_workers, self.shared_limits, self.http_tls, self._relayed_grpc
+        )
         try:
             await frontends.start()
+        except StartupError as exc:
+            if self._relayed_grpc is not None and "--grpc-port" in str(exc):
+                raise StartupError(f"{exc} (or --allow-grpc false)") from exc
+            raise
         except OSError as exc:
             raise listen_error(f"{options.http_address}:{options.http_port}", exc) from exc
+        grpc_address = frontends.grpc_address
+        if grpc_address is not None:
+            self.grpc_port = grpc_address[1]
+            _log.info("gRPC on %s:%d (served by the front-end workers)", options.http_address, self.grpc_port)
         host, port = frontends.address
         _log.info("nereid serving %s on %s:%d (HTTP engine: native%s)", _folders(options), host, port,
                   ", HTTPS" if self.http_tls is not None else "")

@@ -1,4 +1,4 @@
-"""Front-end workers: several processes serve the HTTP port, one process schedules.
+"""Front-end workers: several processes serve the HTTP and gRPC ports, one process schedules.
 
 nereid in one process parses and answers every request on one event loop, under one
 GIL: about one core's worth of small requests. ``--http-workers N`` (N > 1) moves the
@@ -33,9 +33,18 @@ would load every model N times and split every batch N ways.
       any other: forwarded whole to the main app (ASGI), answered back in parts:
                  statistics, model control, repository index, shared-memory
                  registration and generate behave as one server's
+    client --gRPC--> worker i (native HTTP/2 engine on the gRPC port)
+      ModelInfer: decoded in the worker (the main process's gRPC decoder and memo, same
+                 conditions as HTTP's) -> arena + DECODED, as above; the outputs come
+                 back in RESULTS and are encoded into the ModelInferResponse there
+      any other call (ModelStreamInfer included, and a ModelInfer not decoded): relayed
+                 whole -- headers, messages, end, reset -- into the main process's
+                 NativeGrpcServer (grpc_link.RelayedConnection stands for the client's
+                 connection there), its response messages and status relayed back
 
 The main process binds the port (one SO_REUSEPORT socket per worker, or one socket they
-share) and keeps the sockets, the models, gRPC and the metrics port; statistics and
+share; the gRPC port likewise when gRPC is native and plaintext) and keeps the sockets,
+the models and the metrics port; statistics and
 metrics are counted once, there. A worker that dies is restarted on its socket (its
 requests in flight fail with their connections; nobody else's); SIGTERM drains the
 workers, then the main process. ``--http-workers 1`` (the default) is the server as it
@@ -50,18 +59,21 @@ rule too: the buffers of a released request are reused).
 Modules: ``arena`` (the shared region and its ring), ``messages`` (control messages and
 their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
 requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
-the link and the app its engine serves), ``worker`` (the worker process), ``link`` (the
-main process's side of one worker), ``link_answers`` (how each request a worker hands
-over is answered), ``shared_limits`` (limits held server-wide),
+the link and the app its engine serves), ``grpc_front`` (the worker's gRPC server and
+calls), ``grpc_link`` (the main process's side of them), ``worker`` (the worker process),
+``link`` (the main process's side of one worker), ``link_answers`` (how each request a
+worker hands over is answered), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every
 worker), ``local_answers`` (what a worker answers itself).
 
-The connection limit and the request-bytes budget hold server-wide (``shared_limits``: a
+The connection limits (HTTP's and gRPC's) and the request-bytes budget hold server-wide (``shared_limits``: a
 row per process in shared memory, summed at each check).
 
-Not yet: gRPC through the workers (the main process serves the gRPC port, as with one
-process); statistics answered in the worker (forwarded, one hop); back-pressure on a
-forwarded streamed response (its parts queue in the worker while its client reads slowly).
+Not yet: gRPC over TLS or on grpcio through the workers (the main process serves the
+gRPC port then, as with one process); statistics answered in the worker (forwarded, one
+hop); back-pressure across the link on a relayed gRPC stream's responses and on a
+forwarded streamed HTTP response (their parts queue in the worker while the client reads
+slowly).
 """
 
 from nereid.frontends.supervisor import FrontEnds

@@ -23,7 +23,8 @@ _LENGTH = struct.Struct("<I")
 class Kind(enum.IntEnum):
     """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
     worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
-    MODEL, FORGET, DIRECTORY."""
+    MODEL, FORGET, DIRECTORY; and the GRPC_* pairs of relayed gRPC calls. A DECODED message
+    of a gRPC ModelInfer carries one more field, True."""
 
     #: (INFER, id, name, version, (header length, content encoding, accept encoding),
     #:  received_ns, offset, length, inline body or None)
@@ -70,6 +71,25 @@ class Kind(enum.IntEnum):
     #: worker (directory_sync.py): the models that changed (None: forgotten), or all
     #: of them (``whole``)
     DIRECTORY = 22
+    # -- gRPC (grpc_front.py in the worker, grpc_link.py in the main process) -------------
+    #: (GRPC_OPEN, id, headers): a call the worker relays whole opened (its :path, metadata)
+    GRPC_OPEN = 30
+    #: (GRPC_MESSAGE, id, data): one of its request messages (inflated)
+    GRPC_MESSAGE = 31
+    #: (GRPC_END, id, model name or None): the client ended its side (a ModelInfer names its
+    #: model, so the main process may announce it)
+    GRPC_END = 32
+    #: (GRPC_RESET, id): the call was reset (client, transport, grpc-timeout)
+    GRPC_RESET = 33
+    #: (GRPC_RESPOND, id, data): its one response message, status OK
+    GRPC_RESPOND = 40
+    #: (GRPC_SEND, id, data): one response message of a streaming call
+    GRPC_SEND = 41
+    #: (GRPC_FINISH, id, status, message): the call's end (a relayed call, or a decoded
+    #: ModelInfer's error)
+    GRPC_FINISH = 42
+    #: (GRPC_TAKEN, id, size): the main process took a streamed request message
+    GRPC_TAKEN = 43
 
 
 def frame(*messages: tuple[Any, ...]) -> bytes:

@@ -2,7 +2,8 @@
 front-end workers that each count their own.
 
 One small shared region holds a row per worker (and one for the main process's gRPC):
-open HTTP connections and request bytes held. Each process writes only its own row; a
+open HTTP connections, request bytes held and open gRPC connections (the workers serve
+gRPC too). Each process writes only its own row; a
 limit is checked against the sum of all rows. No lock: two workers admitting at the same
 instant may each see the other's count a moment late, so the server-wide figure can pass
 a limit by what arrives in that instant (at most one connection or one request per
@@ -21,23 +22,24 @@ from nereid.network.request_budget import SMALL_REQUEST, RequestBudget
 
 __all__ = ["SharedLimits", "SharedRequestBudget", "CountedConnections"]
 
-_CONNECTIONS, _BYTES = 0, 1
+_CONNECTIONS, _BYTES, _GRPC_CONNECTIONS = 0, 1, 2
+_COLUMNS = 3
 
 
 class SharedLimits:
-    """The shared rows: ``rows`` of (connections, bytes held). ``create(rows)`` in the main
+    """The shared rows: ``rows`` of (HTTP connections, bytes held, gRPC connections). ``create(rows)`` in the main
     process, ``attach(fd, rows)`` in a worker handed the descriptor."""
 
     def __init__(self, fd: int, rows: int) -> None:
         self.fd = fd
         self.rows = rows
-        self._map = mmap.mmap(fd, rows * 16)
-        self.table: np.ndarray[Any, np.dtype[np.int64]] = np.ndarray((rows, 2), np.int64, buffer=self._map)
+        self._map = mmap.mmap(fd, rows * 8 * _COLUMNS)
+        self.table: np.ndarray[Any, np.dtype[np.int64]] = np.ndarray((rows, _COLUMNS), np.int64, buffer=self._map)
 
     @classmethod
     def create(cls, rows: int) -> SharedLimits:
         fd = os.memfd_create("nereid-frontend-limits", 0)
-        os.ftruncate(fd, rows * 16)
+        os.ftruncate(fd, rows * 8 * _COLUMNS)
         return cls(fd, rows)
 
     @classmethod
@@ -50,6 +52,9 @@ class SharedLimits:
 
     def connections(self) -> int:
         return int(self.table[:, _CONNECTIONS].sum())
+
+    def grpc_connections(self) -> int:
+        return int(self.table[:, _GRPC_CONNECTIONS].sum())
 
     def held(self) -> int:
         return int(self.table[:, _BYTES].sum())
@@ -86,17 +91,19 @@ class SharedRequestBudget(RequestBudget):
 
 
 class CountedConnections(set[Any]):
-    """A worker's open connections, their count published in its row as they come and go."""
+    """A worker's open connections, their count published in its row as they come and go
+    (``grpc``: its gRPC connections' column)."""
 
-    def __init__(self, shared: SharedLimits, row: int) -> None:
+    def __init__(self, shared: SharedLimits, row: int, *, grpc: bool = False) -> None:
         super().__init__()
         self._shared = shared
         self._row = row
+        self._column = _GRPC_CONNECTIONS if grpc else _CONNECTIONS
 
     def add(self, connection: Any) -> None:
         super().add(connection)
-        self._shared.table[self._row, _CONNECTIONS] = len(self)
+        self._shared.table[self._row, self._column] = len(self)
 
     def discard(self, connection: Any) -> None:
         super().discard(connection)
-        self._shared.table[self._row, _CONNECTIONS] = len(self)
+        self._shared.table[self._row, self._column] = len(self)

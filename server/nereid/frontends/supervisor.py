@@ -62,8 +62,13 @@ class FrontEnds:
     def __init__(
         self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int, limits: SharedLimits,
         tls: TlsFiles | None = None,
+        grpc_server: Any = None,
     ) -> None:
         self.app = app
+        #: the main process's NativeGrpcServer (listening on no port) when the workers
+        #: serve gRPC too: their relayed calls go into it (grpc_link.py)
+        self.grpc_server = grpc_server
+        self._grpc_sockets: list[socket.socket] = []
         self.options = options
         self.count = count
         self.tls = tls
@@ -88,6 +93,14 @@ class FrontEnds:
         return str(host), int(port)
 
     @property
+    def grpc_address(self) -> tuple[str, int] | None:
+        """Where the workers serve gRPC (None: they do not)."""
+        if not self._grpc_sockets:
+            return None
+        host, port = self._grpc_sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
     def pids(self) -> list[int]:
         return [worker.process.pid for worker in self._workers.values()]
 
@@ -99,6 +112,13 @@ class FrontEnds:
     async def start(self) -> None:
         self._sockets = self._listen()
         self.directory.start()
+        if self.grpc_server is not None:
+            try:
+                self._grpc_sockets = self._listen_grpc()
+            except BaseException:
+                for sock in self._sockets:
+                    sock.close()
+                raise
         for index in range(self.count):
             self._workers[index] = await self._spawn(index)
         self._watchers = [asyncio.create_task(self._watch(index), name=f"nereid-http-worker-{index}")
@@ -114,6 +134,16 @@ class FrontEnds:
         port = first.getsockname()[1]  # --http-port 0: the port the first socket got
         return [first] + [listen(options.http_address, port, reuse_port=True) for _ in range(self.count - 1)]
 
+    def _listen_grpc(self) -> list[socket.socket]:
+        """The gRPC port's sockets, one per worker (SO_REUSEPORT), as HTTP's."""
+        options = self.options
+        if not hasattr(socket, "SO_REUSEPORT"):  # pragma: no cover - Linux has it
+            return [listen(options.http_address, options.grpc_port, "--grpc-port")]
+        first = listen(options.http_address, options.grpc_port, "--grpc-port", reuse_port=True)
+        port = first.getsockname()[1]
+        return [first] + [listen(options.http_address, port, "--grpc-port", reuse_port=True)
+                          for _ in range(self.count - 1)]
+
     async def _spawn(self, index: int) -> _Worker:
         loop = asyncio.get_running_loop()
         listener = self._sockets[index % len(self._sockets)]
@@ -121,6 +151,7 @@ class FrontEnds:
         ours, theirs = socket.socketpair()
         fds = (listener.fileno(), theirs.fileno(), arena.fd)
         generation = self._generation.fd
+        grpc_fd = self._grpc_sockets[index % len(self._grpc_sockets)].fileno() if self._grpc_sockets else -1
         self.limits.clear(index)  # what a worker before it held went with it
         # the worker imports nereid from where this process did, whatever its sys.path
         package_root = str(Path(nereid.__file__).resolve().parent.parent)
@@ -129,14 +160,13 @@ class FrontEnds:
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_COMMAND, *(str(fd) for fd in fds), str(arena.size),
-                str(self.limits.fd), str(self.limits.rows), str(generation),
-                pass_fds=(*fds, self.limits.fd, generation), stdin=asyncio.subprocess.DEVNULL, env=env,
+                str(self.limits.fd), str(self.limits.rows), str(generation), str(grpc_fd),
+                pass_fds=(*fds, self.limits.fd, generation, *((grpc_fd,) if grpc_fd >= 0 else ())),
+                stdin=asyncio.subprocess.DEVNULL, env=env,
             )
         finally:
             theirs.close()
-        _, link = await loop.create_unix_connection(
-            lambda: WorkerLink(self.app, arena, self._state, index), sock=ours
-        )
+        _, link = await loop.create_unix_connection(lambda: self._link(arena, index), sock=ours)
         link.send((Kind.OPTIONS.value, self.options, index, self.tls))
         self.directory.join(index, link)
         _log.debug("HTTP front-end worker %d started (pid %d)", index, process.pid)
@@ -147,6 +177,12 @@ class FrontEnds:
         for worker in self._workers.values():
             if worker.process.returncode is None:
                 worker.process.send_signal(signal.SIGHUP)
+
+    def _link(self, arena: Arena, index: int) -> WorkerLink:
+        if self.grpc_server is None:
+            return WorkerLink(self.app, arena, self._state, index)
+        from nereid.frontends.grpc_link import GrpcWorkerLink  # gRPC's modules load only when serving gRPC
+        return GrpcWorkerLink(self.app, arena, self._state, index, self.grpc_server)
 
     async def _watch(self, index: int) -> None:
         """Restart worker ``index`` whenever it exits before the server stops."""
@@ -194,7 +230,7 @@ class FrontEnds:
         for worker in workers:
             await worker.link.aclose()
             worker.arena.close()
-        for sock in self._sockets:
+        for sock in self._sockets + self._grpc_sockets:
             sock.close()
         self.directory.close()
         self._generation.close()

@@ -1,6 +1,7 @@
 """One front-end worker process: nereid's native HTTP engine on the shared listening
-socket, with infer requests and everything else handed to the main process
-(forwarding.py). Started and restarted by supervisor.py; runs no model code.
+socket, and its native gRPC engine on the gRPC one when the main process passes it, with
+infer requests and everything else handed to the main process (forwarding.py,
+grpc_front.py). Started and restarted by supervisor.py; runs no model code.
 
 Its command line (supervisor.py writes it): listening socket, link socket and arena file
 descriptors, the arena's size, the shared limits' descriptor and row count, and the
@@ -21,7 +22,7 @@ import signal
 import socket
 import ssl
 import sys
-from typing import cast
+from typing import Any, cast
 
 from nereid.frontends.arena import Arena
 from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
@@ -52,7 +53,8 @@ class _WorkerServer(NativeServer):
 
 def main(argv: list[str] | None = None) -> None:
     """The worker's entry point:
-    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd])``."""
+    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd, grpc_fd])``
+    (grpc_fd -1: the main process serves gRPC itself)."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop handles it: a reload must not end the worker
@@ -66,11 +68,16 @@ def main(argv: list[str] | None = None) -> None:
 
 async def _serve(
     listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int, generation_fd: int,
+    grpc_fd: int = -1,
 ) -> None:
     loop = asyncio.get_running_loop()
     arena = Arena.attach(arena_fd, arena_size)
     directory = DirectoryCopy(SharedGeneration.attach(generation_fd))
-    _, link = await loop.create_unix_connection(lambda: MainLink(arena, directory), sock=socket.socket(fileno=link_fd))
+    link_type = MainLink
+    if grpc_fd >= 0:  # gRPC's modules load only when serving gRPC
+        from nereid.frontends.grpc_front import GrpcMainLink
+        link_type = GrpcMainLink
+    _, link = await loop.create_unix_connection(lambda: link_type(arena, directory), sock=socket.socket(fileno=link_fd))
     options, index, tls_files = await link.options
     assert isinstance(options, ServerOptions)
     configure_logging(
@@ -85,18 +92,31 @@ async def _serve(
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
     app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options))
     shared = SharedLimits.attach(limits_fd, rows)
+    budget = SharedRequestBudget(options.max_request_bytes_in_flight, shared, index)
     server = _WorkerServer(
         # NativeServer uses of its app only what WorkerApp has: match_infer, infer_guard,
         # endpoints.start_infer and the ASGI call
         cast(NereidApp, app), limits=ConnectionLimits.from_options(options), graceful_timeout=options.exit_timeout_secs,
-        budget=SharedRequestBudget(options.max_request_bytes_in_flight, shared, index),
+        budget=budget,
     )
     server.shared = shared
     server.connections = CountedConnections(shared, index)
-    _log.debug("HTTP front-end worker %d serving", index)
+    grpc_server: Any = None
+    if grpc_fd >= 0:
+        from nereid.frontends.grpc_front import GrpcMainLink, WorkerGrpcServer
+        assert isinstance(link, GrpcMainLink)
+        grpc_server = WorkerGrpcServer(link, options, budget, shared, index)
+        await grpc_server.start(socket.socket(fileno=grpc_fd))
+    _log.debug("HTTP front-end worker %d serving%s", index, " (and gRPC)" if grpc_server is not None else "")
+    stopping = asyncio.create_task(_stop_grpc(grpc_server, link.stopped, options)) if grpc_server else None
     try:
         await server.serve(link.stopped, fd=listen_fd, tls=tls)
+        if stopping is not None:
+            await stopping  # gRPC drains alongside HTTP
     finally:
+        if stopping is not None and not stopping.done():
+            stopping.cancel()
+            await grpc_server.stop(0)
         socket.socket(fileno=listen_fd).close()
     answered = app.local.answered if app.local is not None else 0
     _log.debug("HTTP front-end worker %d stopped (%d requests answered here)", index, answered)
@@ -124,3 +144,9 @@ def _reload(context: ssl.SSLContext, files: TlsFiles, index: int) -> None:
     else:
         _log.debug("HTTP front-end worker %d: TLS: %s-server-cert and %s-server-key read again", index,
                    files.prefix, files.prefix)
+
+
+async def _stop_grpc(server: Any, stopped: asyncio.Event, options: ServerOptions) -> None:
+    """gRPC stops taking calls with HTTP and lets those in flight finish."""
+    await stopped.wait()
+    await server.stop(options.exit_timeout_secs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -159,10 +160,12 @@ class NativeGrpcServer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def start(self) -> int:
-        """Listen; the bound port (0 picks one). OSError (StartupError) when it cannot be bound."""
+    async def start(self, sock: socket.socket | None = None) -> int:
+        """Listen (on ``sock`` when given: a front-end worker's); the bound port (0 picks
+        one). OSError (StartupError) when it cannot be bound."""
         loop = asyncio.get_running_loop()
-        sock = listen(self.address, self.requested_port, "--grpc-port")
+        if sock is None:
+            sock = listen(self.address, self.requested_port, "--grpc-port")
         secure: dict[str, Any] = {}
         if self.tls is not None:
             # The loop does TLS handshakes without blocking: unfinished ones delay nobody,
@@ -173,9 +176,14 @@ class NativeGrpcServer:
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep)
         return self.port
 
+    def open_connections(self) -> int:
+        """The connections --grpc-max-connections counts (a front-end worker counts the
+        whole server's)."""
+        return len(self.connections)
+
     def _connection(self) -> GrpcConnection:
         refusal = None
-        if len(self.connections) >= self.limits.max_connections:
+        if self.open_connections() >= self.limits.max_connections:
             self.refused_connections.refused()
             refusal = self.refused_connections.message()
         if self.tls is not None:

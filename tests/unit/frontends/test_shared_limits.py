@@ -34,3 +34,15 @@ def test_open_connections_are_published_and_summed_and_a_dead_row_is_cleared() -
     assert limits.connections() == 2
     limits.clear(1)
     assert limits.connections() == 1
+
+
+def test_grpc_connections_are_counted_apart_from_http_ones() -> None:
+    limits = SharedLimits.create(2)
+    http, grpc = CountedConnections(limits, 0), CountedConnections(limits, 1, grpc=True)
+    other = CountedConnections(limits, 0, grpc=True)
+    http.add("a")
+    grpc.add("b")
+    other.add("c")
+    assert (limits.connections(), limits.grpc_connections()) == (1, 2)
+    limits.clear(1)
+    assert (limits.connections(), limits.grpc_connections()) == (1, 1)

@@ -1,0 +1,427 @@
+"""gRPC in a front-end worker: ``WorkerGrpcServer`` (the native HTTP/2 engine on the
+worker's gRPC socket) and ``GrpcMainLink`` (``MainLink`` with the gRPC calls).
+
+A ModelInfer whose model the main process announced (the same MODEL messages as HTTP's)
+and that needs nothing the main process holds (no version named, no client shared
+memory, no BYTES tensors, no sequence) is decoded here with the main process's gRPC
+decoder and memo (``infer_messages``, ``InferMemo``), its tensors laid out in the arena
+and sent as a DECODED message, exactly as HTTP's; its outputs come back as RESULTS and
+are encoded here into the ModelInferResponse. Every other call -- the other unary RPCs,
+ModelStreamInfer, a ModelInfer this cannot decode, and every call of a restricted group
+-- is relayed whole to the main process's gRPC server (grpc_link.py): its headers, each
+message, its end or reset; and back its response message(s) and status. A streamed
+call's request messages hold the client's window here until the main process has taken
+them (GRPC_TAKEN).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, cast
+
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from nereid.config.schema import ModelConfig
+from nereid.errors import NereidError
+from nereid.frontends.arena import Arena
+from nereid.frontends.decoding import Decoded, answer, lay_out
+from nereid.frontends.directory_sync import DirectoryCopy
+from nereid.frontends.forwarding import MainLink, _DecodedCall, _InferCall
+from nereid.frontends.layout import layout_size, read_arrays
+from nereid.frontends.messages import Kind
+from nereid.frontends.shared_limits import CountedConnections, SharedLimits
+from nereid.grpc.h2.calls import Status
+from nereid.grpc.h2.connection import GrpcConnection
+from nereid.grpc.h2.stream import GrpcStream
+from nereid.grpc.infer import GrpcModelTables, status_of
+from nereid.grpc.infer_messages import decode_request, encode_response
+from nereid.grpc.native import NativeGrpcServer
+from nereid.grpc.service import METHOD_GROUPS, InferenceService
+from nereid.inference import InferRequest
+from nereid.network.access import restriction_table
+from nereid.network.request_budget import RequestBudget
+from nereid.options import ServerOptions
+
+__all__ = ["GrpcMainLink", "WorkerGrpcServer"]
+
+_log = logging.getLogger("nereid")
+
+_SERVICE = "/inference.GRPCInferenceService/"
+_MODEL_INFER = f"{_SERVICE}ModelInfer".encode()
+_STREAM_INFER = f"{_SERVICE}ModelStreamInfer".encode()
+_MAIN_GONE = "the server's main process is gone (it is restarting or stopping)"
+
+_DECODED, _MODEL, _FORGET = Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value
+_OPEN, _MESSAGE, _END, _RESET = (
+    Kind.GRPC_OPEN.value, Kind.GRPC_MESSAGE.value, Kind.GRPC_END.value, Kind.GRPC_RESET.value)
+_RESPOND, _SEND, _FINISH, _TAKEN = (
+    Kind.GRPC_RESPOND.value, Kind.GRPC_SEND.value, Kind.GRPC_FINISH.value, Kind.GRPC_TAKEN.value)
+#: templates named by number (as forwarding.py's)
+_MAX_TEMPLATES = 4096
+
+
+class CallState(enum.Enum):
+    """Where a gRPC call of the worker is: its request still coming (a ModelInfer),
+    decoded here and queued in the main process, or relayed whole to it."""
+
+    RECEIVING = "receiving"
+    DECODED = "decoded"
+    RELAYED = "relayed"
+
+
+@dataclass(slots=True)
+class GrpcAnnounced:
+    """A model version the main process announced, as gRPC decodes for it (its tables
+    made at the first gRPC request)."""
+
+    token: int
+    version: int
+    config: ModelConfig
+    labels: Mapping[str, list[str]]
+    tables: GrpcModelTables | None = field(default=None)
+
+    def grpc_tables(self) -> GrpcModelTables:
+        if self.tables is None:
+            self.tables = GrpcModelTables.for_config(self.config)
+        return self.tables
+
+
+class _NeedsMain(Exception):
+    """The request uses client shared memory, which the main process holds."""
+
+
+def _no_shared_memory(*args: Any) -> Any:
+    raise _NeedsMain()
+
+
+def decode(model: GrpcAnnounced, message: Any, data: bytes) -> Decoded | None:
+    """A ModelInferRequest decoded for ``model`` (through the memo, as the main process
+    would), or None when the main process must take it whole."""
+    tables = model.grpc_tables()
+    memo = tables.memo
+    key = memo.request_key(message, data)
+    try:
+        request = memo.request(key, message, model.version) if key is not None else None
+        if request is None:
+            request = decode_request(message, tables, model.version, _no_shared_memory)
+            if key is not None:
+                memo.learn_request(key, message, request)
+    except Exception:  # shared memory, or a bad request: the main process answers it
+        return None
+    if request.sequence is not None:
+        return None
+    outputs = request.outputs
+    if outputs is not None and any(output.shm_region is not None for output in outputs):
+        return None
+    size = layout_size(request.inputs)
+    if size is None:
+        return None
+    parameters = request.parameters
+    template = (request.rows, outputs, tuple(parameters.items()) if parameters else (), request.priority,
+                request.timeout_us, request.binary_data_output, ())
+    return Decoded(request, template, size)
+
+
+def encode(model: GrpcAnnounced, request: InferRequest, version: int, outputs: Mapping[str, Any]) -> bytes:
+    """The serialized ModelInferResponse (the memo's when it knows its shape)."""
+    tables = model.grpc_tables()
+    memo = tables.memo
+    data = memo.answer(request, outputs, version)
+    if data is None:
+        response = encode_response(outputs, request, tables, version, model.labels, _no_shared_memory)
+        data = response.SerializeToString()
+        memo.learn_answer(request, outputs, version, response, data, tables)
+    return data
+
+
+class _GrpcCall(_InferCall):
+    """One gRPC call of this worker: its stream, its request bytes (a ModelInfer), and
+    what was decoded of it. Its own responder: the main process gone, it ends UNAVAILABLE."""
+
+    __slots__ = ("connection", "stream", "state", "received_ns", "data", "raw", "model", "request")
+
+    def __init__(self, link: GrpcMainLink, connection: GrpcConnection, stream: GrpcStream) -> None:
+        super().__init__(link, 0, self, -1)  # type: ignore[arg-type]  # its own Responder
+        self.connection = connection
+        self.stream = stream
+        self.state = CallState.RECEIVING
+        self.received_ns = time.monotonic_ns()
+        self.data: bytes | None = None
+        #: a decoded request's bytes, sent whole if the main process asks (RETRY)
+        self.raw: bytes | None = None
+        self.model: GrpcAnnounced | None = None
+        self.request: Any = None
+
+    def reply(self, status: int, headers: Any, body: bytes) -> None:
+        self.end(Status.UNAVAILABLE, _MAIN_GONE)
+
+    def end(self, status: int, message: str) -> None:
+        if self.stream.call is self:
+            self.stream.call = None
+            self.connection.finish(self.stream, status, message)
+
+    def answer(self, version: int, outputs: Mapping[str, Any]) -> None:
+        """A decoded request's outputs (views on the arena: encoded at once)."""
+        if self.stream.call is not self:
+            return
+        assert self.model is not None
+        try:
+            data = encode(self.model, self.request, version, outputs)
+        except NereidError as exc:
+            self.end(status_of(exc).value[0], exc.message)
+            return
+        except Exception as exc:  # a bug: this call fails, loudly
+            _log.exception("gRPC: encoding a ModelInfer answer in a front-end worker failed")
+            self.end(Status.INTERNAL, f"internal error: {exc}")  # as the main process says it
+            return
+        self.stream.call = None
+        self.raw = None
+        self.connection.respond(self.stream, data)
+
+
+class GrpcMainLink(MainLink):
+    """``MainLink`` with this worker's gRPC calls: decoded ModelInfer requests beside
+    HTTP's, relayed calls, and their answers."""
+
+    def __init__(self, arena: Arena, directory: DirectoryCopy) -> None:
+        super().__init__(arena, directory)
+        #: the model versions announced, as gRPC decodes for them, by name
+        self.grpc_models: dict[str, GrpcAnnounced] = {}
+
+    # -- what the gRPC server hands over ---------------------------------------------------
+
+    def open_relayed(self, connection: GrpcConnection, stream: GrpcStream) -> _GrpcCall:
+        call = stream.call = _GrpcCall(self, connection, stream)
+        self._relay(call)
+        return call
+
+    def start_infer_call(self, call: _GrpcCall, data: bytes) -> None:
+        """A ModelInfer whose request is in: decoded here when it can be, else relayed."""
+        if self.main_gone:
+            call.end(Status.UNAVAILABLE, _MAIN_GONE)
+            return
+        try:
+            message = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            message = None
+        name = message.model_name if message is not None else None
+        model = self.grpc_models.get(name) if message is not None and name and not message.model_version else None
+        if model is not None:
+            decoded = decode(model, message, data)
+            if decoded is not None:
+                offset = self.ring.allocate(decoded.size)
+                if offset is not None:
+                    template = lay_out(decoded, self.arena.requests[offset:offset + decoded.size])
+                    call.id = self._next_id = self._next_id + 1
+                    call.state, call.offset, call.model, call.request = CallState.DECODED, offset, model, decoded.request
+                    call.raw = data
+                    self._calls[call.id] = call
+                    self._send_decoded_grpc(call, model.token, template, offset)
+                    return
+        call.data = data
+        self._relay(call, name)
+
+    def _relay(self, call: _GrpcCall, model_name: str | None = None) -> None:
+        """The call goes whole to the main process's gRPC server (under a new id)."""
+        call.id = self._next_id = self._next_id + 1
+        call.state = CallState.RELAYED
+        if self.main_gone:
+            call.end(Status.UNAVAILABLE, _MAIN_GONE)
+            return
+        self._calls[call.id] = call
+        self.send((_OPEN, call.id, dict(call.stream.headers)))
+        if call.data is not None:  # a ModelInfer not decoded: its request is in already
+            data, call.data = call.data, None
+            self.send((_MESSAGE, call.id, data))
+            self.send((_END, call.id, model_name))
+
+    def _send_decoded_grpc(self, call: _GrpcCall, token: int, template: tuple[Any, ...], offset: int) -> None:
+        templates = self._templates
+        try:
+            number = templates.get(template)
+        except TypeError:  # a parameter value that cannot be a key: sent whole each time
+            number = -1
+        whole: tuple[Any, ...] | None = None
+        if number is None or number < 0:
+            whole = template
+            if number is None:
+                number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
+                if number >= 0:
+                    templates[template] = number
+        self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns, True))
+
+    def reset_call(self, call: _GrpcCall) -> None:
+        """The client (or its deadline) reset the call."""
+        if call.state is CallState.DECODED:
+            call.withdraw()  # its block is let go on DONE
+        elif call.state is CallState.RELAYED and self._calls.pop(call.id, None) is not None:
+            self.send((_RESET, call.id))
+
+    # -- what the main process sends -------------------------------------------------------
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == _RESPOND:
+            call = self._calls.pop(message[1], None)
+            if isinstance(call, _GrpcCall) and call.stream.call is call:
+                call.stream.call = None
+                call.connection.respond(call.stream, message[2])
+        elif kind == _SEND:
+            call = self._calls.get(message[1])
+            if isinstance(call, _GrpcCall) and call.stream.call is call:
+                call.connection.send_message(call.stream, message[2])
+        elif kind == _FINISH:
+            call = self._calls.pop(message[1], None)
+            self._release(call)
+            if isinstance(call, _GrpcCall):
+                call.end(message[2], message[3])
+        elif kind == _TAKEN:
+            call = self._calls.get(message[1])
+            if isinstance(call, _GrpcCall) and call.stream.call is call:
+                call.connection.taken(call.stream, message[2])
+        else:
+            super()._dispatch(message)
+            if kind == _MODEL:
+                _, name, token, version, config, labels = message
+                self.grpc_models[name] = GrpcAnnounced(token, version, config, labels)
+            elif kind == _FORGET:
+                known = self.grpc_models.get(message[1])
+                if known is not None and known.token == message[2]:
+                    del self.grpc_models[message[1]]
+
+    def _result(self, id: int, version: int, offset: int, layout: Any, inline: dict[str, Any] | None) -> None:
+        call = self._calls.get(id)
+        if not isinstance(call, _GrpcCall):
+            super()._result(id, version, offset, layout, inline)
+            return
+        del self._calls[id]
+        self._release(call)
+        try:
+            if not call.withdrawn:
+                call.answer(version, inline if inline is not None else read_arrays(self.arena.answers, offset, layout))
+        finally:
+            if inline is None:
+                self._freed.append(offset)
+
+    def _results(self, version: int, offset: int, layout: Any, entries: tuple[tuple[int, int], ...]) -> None:
+        """As ``MainLink._results``, each request answered in its own protocol."""
+        calls = self._calls
+        try:
+            joined = read_arrays(self.arena.answers, offset, layout)
+            start = 0
+            for id, rows in entries:
+                call = calls.pop(id, None)
+                self._release(call)
+                end = start + rows
+                if isinstance(call, _InferCall) and not call.withdrawn:
+                    outputs = {name: array[start:end] for name, array in joined.items()}
+                    if isinstance(call, _GrpcCall):
+                        call.answer(version, outputs)
+                    elif isinstance(call, _DecodedCall):
+                        answer(call.model, call.name, call.request, call.accept_encoding, version, outputs,
+                               call.responder)
+                start = end
+        finally:
+            self._freed.append(offset)
+
+    def _retry(self, id: int) -> None:
+        call = self._calls.get(id)
+        if not isinstance(call, _GrpcCall):
+            super()._retry(id)
+            return
+        del self._calls[id]
+        self._release(call)
+        if not call.withdrawn and call.stream.call is call:  # else nobody waits
+            call.data, call.raw = call.raw, None
+            self._relay(call)  # the main process announces the version it serves now
+
+
+class WorkerModelInfer:
+    """ModelInfer's calls in the worker (a CallHandler routed by ``:path``): the request
+    is collected, then decoded here or relayed (``GrpcMainLink.start_infer_call``)."""
+
+    def __init__(self, link: GrpcMainLink) -> None:
+        self._link = link
+
+    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        stream.call = _GrpcCall(self._link, connection, stream)
+
+    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None:
+            return
+        if call.state is CallState.RELAYED:
+            self._link.send((_MESSAGE, call.id, data))
+        elif call.data is None:
+            call.data = data
+        else:
+            call.end(Status.UNIMPLEMENTED, "More than one request message in a unary call")
+
+    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None or call.state is not CallState.RECEIVING:
+            return
+        data, call.data = call.data, None
+        if data is None:
+            call.end(Status.UNIMPLEMENTED, "No request message in a unary call")
+            return
+        self._link.start_infer_call(call, data)
+
+    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None:
+            return
+        stream.call = None
+        self._link.reset_call(call)
+
+
+class WorkerGrpcServer(NativeGrpcServer):
+    """The worker's gRPC server: the native engine's connections, limits, keep-alive and
+    deadlines, with ModelInfer routed to ``WorkerModelInfer`` (unless its group is
+    restricted: the main process checks the key) and every other call relayed."""
+
+    def __init__(
+        self, link: GrpcMainLink, options: ServerOptions, budget: RequestBudget, shared: SharedLimits | None = None,
+        index: int = 0,
+    ) -> None:
+        super().__init__(cast(InferenceService, None), options, budget=budget)
+        self._link = link
+        #: --grpc-max-connections server-wide: each worker's count in its row of ``shared``
+        self._shared = shared
+        if shared is not None:
+            self.connections = CountedConnections(shared, index, grpc=True)
+        restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
+        restricted = METHOD_GROUPS["ModelInfer"] in restrictions
+        self.routes = {} if restricted else {_MODEL_INFER: WorkerModelInfer(link)}
+
+    def open_connections(self) -> int:
+        return self._shared.grpc_connections() if self._shared is not None else len(self.connections)
+
+    @staticmethod
+    def _method_table(service: InferenceService, restrictions: Any) -> dict[bytes, Any]:
+        return {}  # the main process's server knows the methods
+
+    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        if stream.headers.get(b":path") == _STREAM_INFER:
+            stream.streaming = True  # its messages hold the window until the main process takes them
+        self._link.open_relayed(connection, stream)
+
+    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is not None and call.state is CallState.RELAYED:
+            self._link.send((_MESSAGE, call.id, data))
+
+    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is not None and call.state is CallState.RELAYED:
+            self._link.send((_END, call.id, None))
+
+    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is not None:
+            stream.call = None
+            self._link.reset_call(call)
