@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from nereid.config.load import parse_model_config
 from nereid.frontends.arena import Arena
+from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.grpc_front import GrpcMainLink, WorkerGrpcServer
 from nereid.frontends.layout import read_arrays, write_arrays
 from nereid.frontends.messages import Kind, frame
@@ -63,7 +64,8 @@ def _request(values: list[int], model: str = "acc", version: str = "") -> bytes:
 def run(test: Any, options: ServerOptions | None = None) -> None:
     async def main() -> None:
         arena = Arena.create(1 << 16)
-        link = GrpcMainLink(arena)
+        generation = SharedGeneration.create()
+        link = GrpcMainLink(arena, DirectoryCopy(generation))
         transport = FakeTransport()
         link.connection_made(transport)
         server = WorkerGrpcServer(link, options or ServerOptions(), RequestBudget(1 << 30))
@@ -71,6 +73,7 @@ def run(test: Any, options: ServerOptions | None = None) -> None:
             await test(link, server, transport, arena)
         finally:
             arena.close()
+            generation.close()
 
     asyncio.run(main())
 
