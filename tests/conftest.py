@@ -134,7 +134,7 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: relayed) and its errors. A test of these files run with an ASGI ``engine`` (its ``engine`` parameter:
 #: uvicorn, hypercorn, granian) gets no workers (start_server adds --http-workers to the
 #: native engine only), so this pass leaves it out: it would run exactly as in the main
-#: pass; so does a test marked ``without_workers`` (gRPC or in-process only, or a command
+#: pass; so does a test marked ``without_workers`` (in-process only, or a command
 #: line the test runs itself, which start_server does not give workers).
 #: test_model_control.py and test_ensembles.py are not listed: their tests that depend on
 #: the workers carry the marker themselves (their docstrings say which and why).
@@ -207,7 +207,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "workers_sensitive: e2e tests `make test` runs again under --workers 2 (WORKERS_SENSITIVE)"
     )
     config.addinivalue_line(
-        "markers", "without_workers(reason): sends no HTTP through a server start_server starts (gRPC or in-process "
+        "markers", "without_workers(reason): sends nothing through a server start_server starts (in-process "
         "only, or a command line run by itself), so --workers changes nothing; the --workers pass of `make test` leaves it out"
     )
     global REPO_FORMAT, WORKERS

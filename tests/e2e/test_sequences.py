@@ -290,7 +290,6 @@ def test_interleaved_http_sequences_from_several_threads_each_keep_their_own_sta
     assert stats["inference_stats"]["success"]["count"] == 36
 
 
-@pytest.mark.without_workers("gRPC only: front-end workers carry HTTP")
 @pytest.mark.parametrize("engine", GRPC_ENGINES)
 def test_interleaved_grpc_sequences_with_the_oldest_strategy(
     repo: RepoBuilder, serve: Callable[..., RunningServer], engine: str
@@ -312,7 +311,6 @@ def test_interleaved_grpc_sequences_with_the_oldest_strategy(
     assert _run_threads(10, sequence) == {index: _expected(index, steps) for index in range(10)}
 
 
-@pytest.mark.without_workers("gRPC only: front-end workers carry HTTP")
 @pytest.mark.parametrize("engine", GRPC_ENGINES)
 def test_grpc_streaming_carries_several_sequences_on_one_stream(
     repo: RepoBuilder, serve: Callable[..., RunningServer], engine: str
@@ -431,7 +429,7 @@ def test_the_in_process_api_takes_sequence_arguments(repo: RepoBuilder) -> None:
 # START still in flight (refused as Triton refuses it); a gRPC stream keeps their order.
 @pytest.mark.parametrize("protocol", [
     pytest.param(["-i", "http", "--sync"], id="http"),
-    pytest.param(["-i", "grpc", "--streaming"], id="grpc-stream", marks=pytest.mark.without_workers("perf_analyzer over gRPC")),
+    pytest.param(["-i", "grpc", "--streaming"], id="grpc-stream"),
 ])
 def test_perf_analyzer_drives_a_sequence_model(
     repo: RepoBuilder, serve: Callable[..., RunningServer], protocol: list[str]
