@@ -424,6 +424,8 @@ class RunningServer:
     grpc_port: int | None = None
     #: the metrics port start_server chose (None when the test passed its own or none)
     metrics_port: int | None = None
+    #: the model repository folder it serves (start_server's first argument)
+    repository: Path | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -491,7 +493,7 @@ def start_server(repository: Path, *args: str, log_dir: Path, wait_ready: bool =
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    server = RunningServer(process, port, log_path, grpc_port=grpc_port, metrics_port=metrics_port)
+    server = RunningServer(process, port, log_path, grpc_port=grpc_port, metrics_port=metrics_port, repository=repository)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     base = f"https://{server.url}" if ssl_context is not None else server.http
 

@@ -451,14 +451,13 @@ def test_text_generator_streams_over_grpc_to_the_stock_clients(example_server: R
     assert "Throughput:" in run.stdout
 
 
-def test_a_deadline_that_passes_is_deadline_exceeded_and_the_server_goes_on(
-    grpc_server: RunningServer, repo: RepoBuilder,
-) -> None:
+def test_a_deadline_that_passes_is_deadline_exceeded_and_the_server_goes_on(grpc_server: RunningServer) -> None:
     client = _client(grpc_server)
     with pytest.raises(InferenceServerException) as caught:  # the model holds until "open"
         client.infer("gated", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=0.2)
     assert _status(caught.value) == "StatusCode.DEADLINE_EXCEEDED"
-    (repo.root / "gated" / "open").touch()
+    assert grpc_server.repository is not None
+    (grpc_server.repository / "gated" / "open").touch()
     answer = client.infer("identity", [_input("INPUT0", np.ones((1, 4), np.float32), "FP32")], client_timeout=30)
     np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), np.ones((1, 4), np.float32))
     client.close()
