@@ -84,7 +84,15 @@ def decode(model: Announced, name: str, headers: InferHeaders, body: bytes, max_
                                _no_shared_memory)
     except Exception:  # shared memory, or a bad request: the main process answers it
         return None
-    if request.sequence is not None:  # a sequence's id and flags differ each request: no template
+    return decoded_for_main(request)
+
+
+def decoded_for_main(request: InferRequest) -> Decoded | None:
+    """``request`` (decoded here, from HTTP or gRPC) with the template and arena size it
+    goes to the main process with; None when the main process must take it whole: a
+    sequence (its id and flags differ each request: no template), outputs to shared
+    memory, or inputs the arena cannot lay out."""
+    if request.sequence is not None:
         return None
     outputs = request.outputs
     if outputs is not None and any(output.shm_region is not None for output in outputs):

@@ -180,19 +180,25 @@ class MainLink(asyncio.Protocol):
         return self._start_raw(id, name, version_text, headers, body, received_ns, responder)
 
     def _send_decoded(self, call: _DecodedCall, token: int, template: tuple[Any, ...], offset: int) -> None:
+        number, whole = self._numbered(template)
+        self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns))
+
+    def _numbered(self, template: tuple[Any, ...]) -> tuple[int, tuple[Any, ...] | None]:
+        """The number ``template`` goes to the main process by, and the template itself
+        when the main process does not know it by that number yet (a new number, or -1:
+        sent whole each time, once ``_MAX_TEMPLATES`` are numbered or when it cannot be a
+        key)."""
         templates = self._templates
         try:
             number = templates.get(template)
-        except TypeError:  # a parameter value that cannot be a key: sent whole each time
-            number = -1
-        whole: tuple[Any, ...] | None = None
-        if number is None or number < 0:
-            whole = template
-            if number is None:
-                number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
-                if number >= 0:
-                    templates[template] = number
-        self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns))
+        except TypeError:  # a parameter value that cannot be a key
+            return -1, template
+        if number is not None:
+            return number, None
+        number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
+        if number >= 0:
+            templates[template] = number
+        return number, template
 
     def _start_raw(
         self, id: int, name: str, version_text: str | None, headers: InferHeaders, body: bytes, received_ns: int,
@@ -287,9 +293,9 @@ class MainLink(asyncio.Protocol):
         call = self._calls.pop(id, None)
         self._release(call)
         try:
-            if isinstance(call, _DecodedCall) and not call.withdrawn:
+            if isinstance(call, _InferCall) and not call.withdrawn:
                 outputs = inline if inline is not None else read_arrays(self.arena.answers, offset, layout)
-                answer(call.model, call.name, call.request, call.accept_encoding, version, outputs, call.responder)
+                self._answer_decoded(call, version, outputs)
         finally:
             if inline is None:
                 self._freed.append(offset)
@@ -304,13 +310,18 @@ class MainLink(asyncio.Protocol):
             for id, rows in entries:
                 call = calls.pop(id, None)
                 self._release(call)
-                if isinstance(call, _DecodedCall) and not call.withdrawn:
-                    end = start + rows
-                    outputs = {name: array[start:end] for name, array in joined.items()}
-                    answer(call.model, call.name, call.request, call.accept_encoding, version, outputs, call.responder)
-                start += rows
+                end = start + rows
+                if isinstance(call, _InferCall) and not call.withdrawn:
+                    self._answer_decoded(call, version, {name: array[start:end] for name, array in joined.items()})
+                start = end
         finally:
             self._freed.append(offset)
+
+    def _answer_decoded(self, call: _InferCall, version: int, outputs: dict[str, Any]) -> None:
+        """Encode a decoded request's outputs for its client (at once: they are views on
+        the arena); a request the main process took raw is answered by ANSWER instead."""
+        if isinstance(call, _DecodedCall):
+            answer(call.model, call.name, call.request, call.accept_encoding, version, outputs, call.responder)
 
     def _retry(self, id: int) -> None:
         """The main process no longer serves what this request was decoded for: it goes

@@ -28,10 +28,9 @@ from tritonclient.grpc import service_pb2
 from nereid.config.schema import ModelConfig
 from nereid.errors import NereidError
 from nereid.frontends.arena import Arena
-from nereid.frontends.decoding import Decoded, answer, lay_out
+from nereid.frontends.decoding import Decoded, decoded_for_main, lay_out
 from nereid.frontends.directory_sync import DirectoryCopy
-from nereid.frontends.forwarding import MainLink, _DecodedCall, _InferCall
-from nereid.frontends.layout import layout_size, read_arrays
+from nereid.frontends.forwarding import MainLink, _InferCall
 from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits
 from nereid.grpc.h2.calls import Status
@@ -61,7 +60,6 @@ _OPEN, _MESSAGE, _END, _RESET = (
 _RESPOND, _SEND, _FINISH, _TAKEN = (
     Kind.GRPC_RESPOND.value, Kind.GRPC_SEND.value, Kind.GRPC_FINISH.value, Kind.GRPC_TAKEN.value)
 #: templates named by number (as forwarding.py's)
-_MAX_TEMPLATES = 4096
 
 
 class CallState(enum.Enum):
@@ -112,18 +110,7 @@ def decode(model: GrpcAnnounced, message: Any, data: bytes) -> Decoded | None:
                 memo.learn_request(key, message, request)
     except Exception:  # shared memory, or a bad request: the main process answers it
         return None
-    if request.sequence is not None:
-        return None
-    outputs = request.outputs
-    if outputs is not None and any(output.shm_region is not None for output in outputs):
-        return None
-    size = layout_size(request.inputs)
-    if size is None:
-        return None
-    parameters = request.parameters
-    template = (request.rows, outputs, tuple(parameters.items()) if parameters else (), request.priority,
-                request.timeout_us, request.binary_data_output, ())
-    return Decoded(request, template, size)
+    return decoded_for_main(request)
 
 
 def encode(model: GrpcAnnounced, request: InferRequest, version: int, outputs: Mapping[str, Any]) -> bytes:
@@ -240,18 +227,7 @@ class GrpcMainLink(MainLink):
             self.send((_END, call.id, model_name))
 
     def _send_decoded_grpc(self, call: _GrpcCall, token: int, template: tuple[Any, ...], offset: int) -> None:
-        templates = self._templates
-        try:
-            number = templates.get(template)
-        except TypeError:  # a parameter value that cannot be a key: sent whole each time
-            number = -1
-        whole: tuple[Any, ...] | None = None
-        if number is None or number < 0:
-            whole = template
-            if number is None:
-                number = len(templates) if len(templates) < _MAX_TEMPLATES else -1
-                if number >= 0:
-                    templates[template] = number
+        number, whole = self._numbered(template)
         self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns, True))
 
     def reset_call(self, call: _GrpcCall) -> None:
@@ -293,40 +269,12 @@ class GrpcMainLink(MainLink):
                 if known is not None and known.token == message[2]:
                     del self.grpc_models[message[1]]
 
-    def _result(self, id: int, version: int, offset: int, layout: Any, inline: dict[str, Any] | None) -> None:
-        call = self._calls.get(id)
-        if not isinstance(call, _GrpcCall):
-            super()._result(id, version, offset, layout, inline)
-            return
-        del self._calls[id]
-        self._release(call)
-        try:
-            if not call.withdrawn:
-                call.answer(version, inline if inline is not None else read_arrays(self.arena.answers, offset, layout))
-        finally:
-            if inline is None:
-                self._freed.append(offset)
-
-    def _results(self, version: int, offset: int, layout: Any, entries: tuple[tuple[int, int], ...]) -> None:
-        """As ``MainLink._results``, each request answered in its own protocol."""
-        calls = self._calls
-        try:
-            joined = read_arrays(self.arena.answers, offset, layout)
-            start = 0
-            for id, rows in entries:
-                call = calls.pop(id, None)
-                self._release(call)
-                end = start + rows
-                if isinstance(call, _InferCall) and not call.withdrawn:
-                    outputs = {name: array[start:end] for name, array in joined.items()}
-                    if isinstance(call, _GrpcCall):
-                        call.answer(version, outputs)
-                    elif isinstance(call, _DecodedCall):
-                        answer(call.model, call.name, call.request, call.accept_encoding, version, outputs,
-                               call.responder)
-                start = end
-        finally:
-            self._freed.append(offset)
+    def _answer_decoded(self, call: _InferCall, version: int, outputs: dict[str, Any]) -> None:
+        """As ``MainLink._answer_decoded``, a gRPC call answered in its own protocol."""
+        if isinstance(call, _GrpcCall):
+            call.answer(version, outputs)
+        else:
+            super()._answer_decoded(call, version, outputs)
 
     def _retry(self, id: int) -> None:
         call = self._calls.get(id)

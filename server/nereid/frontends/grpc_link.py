@@ -30,8 +30,7 @@ __all__ = ["GrpcWorkerLink", "RelayedConnection"]
 
 _log = logging.getLogger("nereid")
 
-_INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
-_DECODED = Kind.DECODED.value
+_WITHDRAW = Kind.WITHDRAW.value
 _OPEN, _MESSAGE, _END, _RESET = (
     Kind.GRPC_OPEN.value, Kind.GRPC_MESSAGE.value, Kind.GRPC_END.value, Kind.GRPC_RESET.value)
 _RESPOND, _SEND, _FINISH, _TAKEN = (
@@ -138,42 +137,25 @@ class GrpcWorkerLink(WorkerLink):
         self.relay.reset_all()
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        decoded: list[tuple[Any, ...]] = []  # a run of DECODED messages, taken together
+    def _take(self, message: tuple[Any, ...]) -> None:
+        """The gRPC relay's messages here, the rest as ``WorkerLink`` takes them."""
+        kind = message[0]
         relay = self.relay
-        for message in self._reader.feed(data):
-            kind = message[0]
-            if kind == _DECODED:
-                decoded.append(message)
-                continue
-            if decoded:
-                self._decoded(decoded)
-                decoded = []
-            if kind == _MESSAGE:
-                relay.message(message[1], message[2])
-            elif kind == _OPEN:
-                self.requests += 1
-                relay.open(message[1], message[2])
-            elif kind == _END:
-                relay.end(message[1])
-                if message[2] is not None:
-                    self._announce(message[2])
-            elif kind == _RESET:
-                relay.reset(message[1])
-            elif kind == _INFER:
-                self._infer(*message[1:])
-            elif kind == _ASGI:
-                self._forwarded(*message[1:])
-            elif kind == _WITHDRAW:
+        if kind == _MESSAGE:
+            relay.message(message[1], message[2])
+        elif kind == _OPEN:
+            self.requests += 1
+            relay.open(message[1], message[2])
+        elif kind == _END:
+            relay.end(message[1])
+            if message[2] is not None:
+                self._announce(message[2])
+        elif kind == _RESET:
+            relay.reset(message[1])
+        else:
+            if kind == _WITHDRAW:
                 self._grpc_ids.discard(message[1])
-                self._withdraw(message[1])
-            elif kind == _FREED:
-                for offset in message[1]:
-                    self.ring.free(offset)
-            else:
-                _log.error("front-end worker %d: unexpected message %r", self.index, message[:2])
-        if decoded:
-            self._decoded(decoded)
+            super()._take(message)
 
     def _decoded(self, messages: list[tuple[Any, ...]]) -> None:
         for message in messages:

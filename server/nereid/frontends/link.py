@@ -106,26 +106,30 @@ class WorkerLink(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoded: list[tuple[Any, ...]] = []  # a run of DECODED messages, taken together
         for message in self._reader.feed(data):
-            kind = message[0]
-            if kind == _DECODED:
+            if message[0] == _DECODED:
                 decoded.append(message)
                 continue
             if decoded:
                 self._decoded(decoded)
                 decoded = []
-            if kind == _INFER:
-                self._infer(*message[1:])
-            elif kind == _ASGI:
-                self._forwarded(*message[1:])
-            elif kind == _WITHDRAW:
-                self._withdraw(message[1])
-            elif kind == _FREED:
-                for offset in message[1]:
-                    self.ring.free(offset)
-            else:
-                _log.error("HTTP worker %d: unexpected message %r", self.index, message[:2])
+            self._take(message)
         if decoded:
             self._decoded(decoded)
+
+    def _take(self, message: tuple[Any, ...]) -> None:
+        """One message from the worker but DECODED (taken in runs by ``data_received``)."""
+        kind = message[0]
+        if kind == _INFER:
+            self._infer(*message[1:])
+        elif kind == _ASGI:
+            self._forwarded(*message[1:])
+        elif kind == _WITHDRAW:
+            self._withdraw(message[1])
+        elif kind == _FREED:
+            for offset in message[1]:
+                self.ring.free(offset)
+        else:
+            _log.error("front-end worker %d: unexpected message %r", self.index, message[:2])
 
     def send(self, message: tuple[Any, ...]) -> None:
         if self._outbox is not None:

@@ -48,8 +48,10 @@ from nereid.models.admin import parse_version
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.models.serving import Ticket
 from nereid.tensors import wire_inputs, wire_outputs
-from nereid.tensors.shared_memory import RegionLease, SharedMemoryManager
+from nereid.tensors.assembly import outputs_key
+from nereid.tensors.shared_memory import SharedMemoryManager
 from nereid.tensors.tables import ModelTables
+from nereid.tensors.wire_inputs import RegionLeaseOnDemand
 
 __all__ = ["GrpcModelTables", "InferMemo", "ModelInfer", "ModelInferCalls", "OnResponse", "status_of"]
 
@@ -133,11 +135,11 @@ class ModelInfer:
             raise
 
 
-class _InferCall:
+class _InferCall(RegionLeaseOnDemand):
     """One request on its way through the model; ``answer`` encodes its outcome. A lease
     on the server's shared-memory regions is taken only when the request names one."""
 
-    __slots__ = ("serving", "tables", "regions", "on_response", "request", "lease")
+    __slots__ = ("serving", "tables", "on_response", "request")
 
     def __init__(
         self, serving: ServingModel, tables: GrpcModelTables, regions: SharedMemoryManager, on_response: OnResponse,
@@ -147,21 +149,7 @@ class _InferCall:
         self.regions = regions
         self.on_response = on_response
         self.request: InferRequest
-        self.lease: RegionLease | None = None
-
-    def resolve_shm(self, region: str, offset: int, byte_size: int) -> memoryview:
-        if self.lease is None:
-            self.lease = self.regions.lease()
-        return self.lease.resolve(region, offset, byte_size)
-
-    def write_shm(self, region: str, offset: int, data: Any) -> None:
-        if self.lease is None:
-            self.lease = self.regions.lease()
-        self.lease.write(region, offset, data)
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
+        self.lease = None
 
     def answer(self, outputs: Any, error: BaseException | None) -> None:
         response = None
@@ -377,7 +365,7 @@ class InferMemo:
         )
 
     def answer(self, request: InferRequest, outputs: Mapping[str, Any], version: int) -> bytes | None:
-        key = _answer_key(request, outputs, version)
+        key = outputs_key([id(request.outputs), request.id, version], outputs)
         known = self._answers.get(key) if key is not None else None
         if known is None or known.requested is not request.outputs:
             return None
@@ -393,7 +381,7 @@ class InferMemo:
         self, request: InferRequest, outputs: Mapping[str, Any], version: int, response: Any, data: bytes,
         tables: ModelTables,
     ) -> None:
-        key = _answer_key(request, outputs, version)
+        key = outputs_key([id(request.outputs), request.id, version], outputs)
         if key is None or (request.outputs is not None and any(
             out.shm_region is not None or out.classification for out in request.outputs
         )):
@@ -409,16 +397,6 @@ class InferMemo:
         if len(self._answers) >= _CACHE_SIZE:
             self._answers.clear()
         self._answers[key] = _Answer(request.outputs, head, sent)
-
-
-def _answer_key(request: InferRequest, outputs: Mapping[str, Any], version: int) -> tuple[Any, ...] | None:
-    """What an answer's bytes but its blobs depend on, when every output is a numpy array."""
-    key: list[Any] = [id(request.outputs), request.id, version]
-    for name, value in outputs.items():
-        if type(value) is not np.ndarray:
-            return None
-        key.append((name, value.dtype, value.shape))
-    return tuple(key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ from nereid.http.infer_memo import HttpTablesCache, HttpModelTables
 from nereid.inference import InferRequest, InferResult
 from nereid.models.manager import ModelManager, ServingModel, Ticket
 from nereid.options import ServerOptions
-from nereid.tensors.shared_memory import RegionLease, SharedMemoryManager
+from nereid.tensors.shared_memory import SharedMemoryManager
+from nereid.tensors.wire_inputs import RegionLeaseOnDemand
 
 __all__ = ["InferEndpoint", "InferHeaders", "Responder", "encode_answer", "parse_version", "read_request"]
 
@@ -225,12 +226,12 @@ def _internal_error(model: str, exc: BaseException) -> InternalError:
     return InternalError(f"internal error in infer on model '{model}': {exc}")
 
 
-class _InferCall:
+class _InferCall(RegionLeaseOnDemand):
     """One infer request on its way through the model (``serving``, ``tables`` and
     ``request`` are set as it is parsed); ``answer`` gets its outcome. A lease on the
     server's shared-memory regions is taken only when the request names one."""
 
-    __slots__ = ("name", "accept_encoding", "regions", "responder", "serving", "tables", "request", "lease")
+    __slots__ = ("name", "accept_encoding", "responder", "serving", "tables", "request")
 
     def __init__(self, name: str, accept_encoding: str | None, regions: SharedMemoryManager, responder: Responder) -> None:
         self.name = name
@@ -240,24 +241,7 @@ class _InferCall:
         self.serving: ServingModel
         self.tables: HttpModelTables
         self.request: InferRequest
-        self.lease: RegionLease | None = None
-
-    def resolve_shm(self, region: str, offset: int, byte_size: int) -> memoryview:
-        """The part of a registered region the request reads (``ShmResolver``), pinned."""
-        if self.lease is None:
-            self.lease = self.regions.lease()
-        return self.lease.resolve(region, offset, byte_size)
-
-    def write_shm(self, region: str, offset: int, data: Any) -> None:
-        """Write an output to a region the request named (pinned when it was parsed)."""
-        if self.lease is None:
-            self.lease = self.regions.lease()
-        self.lease.write(region, offset, data)
-
-    def release(self) -> None:
-        """Let go of the regions the request used (if any)."""
-        if self.lease is not None:
-            self.lease.release()
+        self.lease = None
 
     def refuse(self, exc: Exception) -> None:
         """The request failed before it was queued: its regions let go, its error answered

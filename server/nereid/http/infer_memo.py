@@ -35,6 +35,7 @@ from nereid.datatypes import DataType
 from nereid.tensors import wire_inputs
 from nereid.tensors import wire_outputs
 from nereid.inference import InferRequest, ParameterValue, RequestedOutput
+from nereid.tensors.assembly import outputs_key
 from nereid.tensors.tables import ModelTables
 
 __all__ = ["HttpModelTables", "HttpTablesCache", "InferMemo", "LearntAnswer", "MemoCounters"]
@@ -193,7 +194,9 @@ class InferMemo:
         """The uncompressed answer of a request whose answer header is remembered: its
         HTTP headers (the same object each time) and its body as parts to join (JSON
         header, then blobs). None when it is not: encode it in full."""
-        key = _reply_key(request, model_version, outputs)
+        key = outputs_key(
+            [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version], outputs,
+        )
         if key is None:
             return None
         known = self._replies.get(key)
@@ -214,7 +217,9 @@ class InferMemo:
         self, request: InferRequest, outputs: Mapping[str, Any], model_version: int, learnt: LearntAnswer
     ) -> None:
         """Remember the header of a fully encoded answer the encoder found reusable."""
-        key = _reply_key(request, model_version, outputs)
+        key = outputs_key(
+            [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version], outputs,
+        )
         if key is None:
             return
         known = self._replies.get(key)
@@ -224,16 +229,6 @@ class InferMemo:
             self._replies.clear()  # answers of ever-changing shapes must not pile up
         self._replies[key] = _Reply(request.outputs, learnt)
         self.counters.replies += 1
-
-
-def _reply_key(request: InferRequest, model_version: int, outputs: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """What an answer's JSON header depends on, when every output is a numpy array."""
-    key: list[Any] = [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version]
-    for name, value in outputs.items():
-        if type(value) is not np.ndarray:
-            return None
-        key.append((name, value.dtype, value.shape))
-    return tuple(key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from nereid.datatypes import DATATYPES
 from nereid.errors import InternalError, ModelExecutionError
 from nereid.inference import FINISHED, InferRequest
 
-__all__ = ["assemble", "batch_signature", "request_cost", "signature_function", "split"]
+__all__ = ["assemble", "batch_signature", "outputs_key", "request_cost", "signature_function", "split"]
 
 Array = npt.NDArray[Any]
 
@@ -405,3 +405,15 @@ def _dtype_name(dtype: np.dtype[Any]) -> str:
     if dtype.kind in "OSU":
         return "BYTES"
     return _WIRE_NAME_OF_DTYPE.get(dtype, str(dtype))
+
+
+def outputs_key(head: list[Any], outputs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """``head`` followed by each output's name, dtype and shape: with what ``head`` names of
+    the request, what an encoded answer depends on but its values. None when an output is
+    not a numpy array (its encoding depends on its contents): such answers are not memoised
+    (the HTTP and gRPC infer memos key their answers on it)."""
+    for name, value in outputs.items():
+        if type(value) is not np.ndarray:
+            return None
+        head.append((name, value.dtype, value.shape))
+    return tuple(head)

@@ -4,6 +4,10 @@ Owns the element-level rules of the request side (protocol.md §2.3, §3.2): JSO
 ``data`` typing and nesting, BYTES length-prefix framing, and ``WireInput``, one input as
 parsed from the wire (datatype, shape, where its bytes are) before the config checks
 (``nereid.tensors.checks``). Knows nothing about request structure or HTTP headers.
+``RegionLeaseOnDemand`` is what an infer exchange (HTTP's or gRPC's) holds of the
+server's shared-memory regions: a lease taken only when the request names a region
+(it lives here, not in ``nereid.tensors.shared_memory``, which a request without shared
+memory never enters).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,8 +25,12 @@ from nereid.datatypes import DataType
 from nereid.errors import InvalidInputError, MalformedRequestError
 from nereid.tensors.checks import dims_text
 
+if TYPE_CHECKING:
+    from nereid.tensors.shared_memory import RegionLease, SharedMemoryManager
+
 __all__ = [
-    "BINARY", "JSON", "SHM", "MAX_JSON_DEPTH", "ViewSpec", "WireInput", "body_views", "bytes_object_array",
+    "BINARY", "JSON", "SHM", "MAX_JSON_DEPTH", "RegionLeaseOnDemand",
+    "ViewSpec", "WireInput", "body_views", "bytes_object_array",
     "json_bytes_data", "json_input", "json_numeric_data", "parse_bytes_elements", "to_array", "view_spec",
 ]
 
@@ -380,3 +388,32 @@ def body_views(views: Sequence[ViewSpec], body: bytes) -> dict[str, NDArray[Any]
     ``view_spec``, in that order: ``to_array``'s views without its per-datatype branches."""
     return {name: np.ndarray(shape, dtype, body, offset) for name, shape, dtype, offset in views}
 
+
+class RegionLeaseOnDemand:
+    """One request's use of the server's shared-memory ``regions``: a lease on them is
+    taken by the first ``resolve_shm``/``write_shm`` and let go by ``release``.
+
+    A base of the infer exchanges; each sets ``regions`` and ``lease = None`` in its own
+    ``__init__`` (no extra call per request)."""
+
+    __slots__ = ("regions", "lease")
+
+    regions: SharedMemoryManager
+    lease: RegionLease | None
+
+    def resolve_shm(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """The part of a registered region the request reads (``ShmResolver``), pinned."""
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        return self.lease.resolve(region, offset, byte_size)
+
+    def write_shm(self, region: str, offset: int, data: Any) -> None:
+        """Write an output to a region the request named (pinned when it was parsed)."""
+        if self.lease is None:
+            self.lease = self.regions.lease()
+        self.lease.write(region, offset, data)
+
+    def release(self) -> None:
+        """Let go of the regions the request used (if any)."""
+        if self.lease is not None:
+            self.lease.release()

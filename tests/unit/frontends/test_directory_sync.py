@@ -17,6 +17,7 @@ from nereid.models.directory import Directory
 from nereid.models.manager import ModelManager
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder
 from tests.unit.models.test_manager import StubLoader
+from tests.unit.manual_clock import next_turn
 
 
 class FakeLink:
@@ -89,7 +90,7 @@ def test_a_joining_worker_gets_the_whole_picture_and_each_change_after(repo: Rep
         assert copy.current() == Directory.of(manager) and copy.current().get("m").version == 1  # type: ignore[union-attr]
         unload = asyncio.create_task(manager.unload("m"))
         while copy.current() is not None:  # the change is seen by the worker at once ...
-            await asyncio.sleep(0)
+            await next_turn()
         await unload
         await settle(link, copy)  # ... and the new picture comes at the end of the loop turn
         assert copy.current() == Directory.of(manager)

@@ -23,6 +23,7 @@ from nereid.grpc.service import InferenceService
 from nereid.local import InProcessServer
 from nereid.tensors.shared_memory import SharedMemoryManager
 from tests.unit.frontends.test_link import CONFIG, MODEL, Worker
+from tests.unit.manual_clock import next_turn
 
 _PATH = b"/inference.GRPCInferenceService/"
 _TEMPLATE = (1, None, (), 0, None, True, (("X", 0, "<f4", (1, 2)),))
@@ -129,7 +130,7 @@ def test_a_reset_relayed_call_is_withdrawn_and_answers_nothing(tmp_path: Path) -
             assert 1 in link.relay.streams
             link.data_received(frame((Kind.GRPC_RESET.value, 1)))
             assert not link.relay.streams
-            await asyncio.sleep(0)
+            await next_turn()
             assert not worker.of(Kind.GRPC_RESPOND) and not worker.of(Kind.GRPC_FINISH)
 
     run(scenario())
