@@ -39,17 +39,7 @@ CONFIG = {
                    "initial_state": [{"data_type": "TYPE_INT32", "dims": [1], "zero_data": True}]}],
     },
 }
-
-
-@dataclass(frozen=True)
-class Outcome:
-    outputs: list[Any] | None
-    error: NereidError | None
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    began_ns: int = 0
-    ended_ns: int = 0
+from tests.unit.scheduling.batcher_fakes import Outcome
 
 
 @dataclass
