@@ -18,6 +18,7 @@ import textwrap
 import tomllib
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -210,6 +211,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "without_workers(reason): sends nothing through a server start_server starts (in-process "
         "only, or a command line run by itself), so --workers changes nothing; the --workers pass of `make test` leaves it out"
     )
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "testrunuid", None) is None:
+        # the controller of an xdist run names the run itself, to remove the workers' port
+        # claims (free_port) when it ends
+        config.option.testrunuid = uuid.uuid4().hex
     global REPO_FORMAT, WORKERS
     WORKERS = config.getoption("workers")
     ISOLATION = config.getoption("isolation")
@@ -225,6 +230,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller of an xdist run ends last
+        run = getattr(config.option, "testrunuid", None)
+        if run is not None:
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"nereid-test-ports-{run}", ignore_errors=True)
     if EXAMPLES != ROOT / "model_repository":
         shutil.rmtree(EXAMPLES.parent, ignore_errors=True)
 
@@ -399,17 +408,36 @@ def repo(tmp_path: Path) -> RepoBuilder:
 _HANDED_OUT: set[int] = set()
 
 
+def _ports_folder() -> Path | None:
+    """Under pytest-xdist (``-n``): a folder every worker of this run shares, where a file
+    per port handed out claims it for the whole run; None in a run of one process."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"nereid-test-ports-{run}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def free_port() -> int:
-    """A loopback port free now, and not handed out before in this run: the socket is
-    closed before the server binds it, so the OS may offer the same number again (a
-    server's HTTP and gRPC ports then collided)."""
+    """A loopback port free now, and not handed out before in this run (by this process or,
+    under pytest-xdist, by another worker): the socket is closed before the server binds
+    it, so the OS may offer the same number again (a server's HTTP and gRPC ports then
+    collided)."""
+    folder = _ports_folder()
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+        if port in _HANDED_OUT:
+            continue
+        _HANDED_OUT.add(port)
+        if folder is not None:
+            try:
+                os.close(os.open(folder / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:  # another worker's
+                continue
+        return port
 
 
 @dataclass
