@@ -21,6 +21,12 @@ PORT ?= 8000
 GRPC_PORT ?= $(shell echo $$(( $(PORT) + 1 )))
 METRICS_PORT ?= $(shell echo $$(( $(PORT) + 2 )))
 ARGS ?=
+# make test runs pytest in JOBS processes (pytest-xdist; each test file stays in one of
+# them, so a file's module-scoped servers are shared; tests/conftest.py keeps their ports
+# apart). Two suit a 2-core machine, where most of a test's time is a server starting or
+# answering; JOBS=1 runs the suite in one process.
+JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile)
 
 .PHONY: serve test test-full install install-test perf-analyzer lint bench clean
 
@@ -65,18 +71,18 @@ lint: install-test
 test: install-test perf-analyzer
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q tests/e2e --isolation process -m isolation_sensitive   # every model in process instances
-	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt -m config_format_sensitive   # every config as Triton's config.pbtxt
-	$(BIN)/python -m pytest -q tests/e2e --workers 2 -m workers_sensitive   # HTTP through 2 front-end worker processes
+	$(PYTEST)
+	$(PYTEST) tests/e2e --isolation process -m isolation_sensitive   # every model in process instances
+	$(PYTEST) tests/e2e --repo-format pbtxt -m config_format_sensitive   # every config as Triton's config.pbtxt
+	$(PYTEST) tests/e2e --workers 2 -m workers_sensitive   # HTTP through 2 front-end worker processes
 
 test-full: install-test perf-analyzer
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q tests/e2e --isolation process
-	$(BIN)/python -m pytest -q tests/e2e --repo-format pbtxt
-	$(BIN)/python -m pytest -q tests/e2e --workers 2
+	$(PYTEST)
+	$(PYTEST) tests/e2e --isolation process
+	$(PYTEST) tests/e2e --repo-format pbtxt
+	$(PYTEST) tests/e2e --workers 2
 
 bench: install-test perf-analyzer
 	$(BIN)/python perf/bench_identity.py

@@ -135,7 +135,8 @@ SMOKE = frozenset({"test_examples.py", "test_infer_http.py"})
 #: relayed) and its errors. A test of these files run with an ASGI ``engine`` (its ``engine`` parameter:
 #: uvicorn, hypercorn, granian) gets no workers (start_server adds --http-workers to the
 #: native engine only), so this pass leaves it out: it would run exactly as in the main
-#: pass; so does a test marked ``without_workers`` (in-process only, or a command
+#: pass; so does a test run with grpcio's gRPC server (a ``grpcio`` parameter: the main
+#: process serves gRPC then, and the test's ``native`` twin crosses the workers), and a test marked ``without_workers`` (in-process only, or a command
 #: line the test runs itself, which start_server does not give workers).
 #: test_model_control.py and test_ensembles.py are not listed: their tests that depend on
 #: the workers carry the marker themselves (their docstrings say which and why).
@@ -299,7 +300,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("isolation_sensitive")
             if parts[-1] in CONFIG_FORMAT_SENSITIVE | SMOKE:
                 item.add_marker("config_format_sensitive")
-            if parts[-1] in WORKERS_SENSITIVE | SMOKE and not _asgi_engine(item) and not item.get_closest_marker("without_workers"):
+            if (parts[-1] in WORKERS_SENSITIVE | SMOKE and not _asgi_engine(item) and not _grpcio_engine(item)
+                    and not item.get_closest_marker("without_workers")):
                 item.add_marker("workers_sensitive")
         if parts[0] in ("e2e", "gpu", "ray", "install") and item.get_closest_marker("timeout") is None:
             # A server started in setup may take START_TIMEOUT_S on a loaded machine; the
@@ -321,6 +323,14 @@ def _asgi_engine(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     params = callspec.params.values() if callspec is not None else ()
     return any(isinstance(value, str) and value in ASGI_ENGINES for value in params)
+
+
+def _grpcio_engine(item: pytest.Item) -> bool:
+    """Whether ``item`` is the run of a test (or of its server fixture) with grpcio's gRPC
+    server (a parameter ``grpcio``): the main process serves the gRPC port then, so only
+    its HTTP crosses the workers, which its ``native`` twin exercises too."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "grpcio" in callspec.params.values()
 
 
 #: The HTTP engines --http-server chooses besides the native one (start_server gives them no workers).

@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
+from tests.e2e.test_perf_analyzer import SMOKE_WINDOWS
 from tests.waiting import MODEL_GATE
 
 CONFIG = """
@@ -120,7 +121,7 @@ import numpy as np
 
 class Model:
     def infer(self, inputs):
-        return {"BYTES": (np.arange(int(inputs["SIZE"][0]), dtype=np.int64) % 251).astype(np.uint8)}
+        return {"BYTES": np.resize(np.arange(251, dtype=np.uint8), int(inputs["SIZE"][0]))}  # 0, 1, ..., 250, 0, ...
 """
 
 #: Both gRPC engines answer the whole suite: nereid's own transport and grpcio's server.
@@ -325,7 +326,7 @@ def test_perf_analyzer_over_grpc(grpc_server: RunningServer, tmp_path: Path, ext
     perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
     result = subprocess.run(
         [str(perf_analyzer), "-m", "identity", "-u", grpc_server.grpc_url, "-i", "grpc", *extra,
-         "--concurrency-range", "4", "-p", "1000", "-s", "1000", "--max-trials", "3"],
+         "--concurrency-range", "4", *SMOKE_WINDOWS],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -341,7 +342,7 @@ def test_perf_analyzer_streams_a_decoupled_model_over_grpc(grpc_server: RunningS
     perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
     result = subprocess.run(
         [str(perf_analyzer), "-m", "steps", "-u", grpc_server.grpc_url, "-i", "grpc", "--streaming",
-         "--input-data", str(data), "--concurrency-range", "2", "-p", "1000", "-s", "1000", "--max-trials", "3"],
+         "--input-data", str(data), "--concurrency-range", "2", *SMOKE_WINDOWS],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -444,7 +445,9 @@ def test_text_generator_streams_over_grpc_to_the_stock_clients(example_server: R
     perf_analyzer = Path(__file__).resolve().parents[2] / "perf" / "perf_analyzer"
     run = subprocess.run(
         [str(perf_analyzer), "-m", "text_generator", "-u", example_server.grpc_url, "-i", "grpc", "--streaming",
-         "--input-data", str(data), "--concurrency-range", "2", "-p", "2000", "-s", "1000", "--max-trials", "3"],
+         "--input-data", str(data), "--concurrency-range", "2",
+         # a generated answer takes a while: windows long enough to hold some on a loaded machine
+         "-p", "1000", "--stability-percentage", "1000", "--max-trials", "10"],
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -491,7 +494,7 @@ SIZES = [64 << 10, (64 << 10) + 1, 1 << 20, 64 << 20]
 def test_answers_larger_than_one_frame_reach_the_stock_client(grpc_server: RunningServer, size: int) -> None:
     """grpc-core clients allow frames up to 16 MiB: answers past 64 KiB must be framed for them
     (they once hung to the deadline), unary and streaming."""
-    expected = (np.arange(size, dtype=np.int64) % 251).astype(np.uint8)
+    expected = np.resize(np.arange(251, dtype=np.uint8), size)
     client = _client(grpc_server)
     answer = client.infer("fill", [_input("SIZE", np.array([size], np.int64), "INT64")], client_timeout=60)
     np.testing.assert_array_equal(answer.as_numpy("BYTES"), expected)

@@ -436,7 +436,7 @@ def test_perf_analyzer_drives_a_sequence_model(
 ) -> None:
     """Stock perf_analyzer sees sequence_batching in the config and sends sequences (ids,
     START and END) by itself; a smoke run, not a measurement."""
-    from tests.e2e.test_perf_analyzer import PERF_ANALYZER, perf_analyzer_missing
+    from tests.e2e.test_perf_analyzer import PERF_ANALYZER, SMOKE_WINDOWS, perf_analyzer_missing
 
     missing = perf_analyzer_missing()
     if missing is not None:
@@ -445,7 +445,7 @@ def test_perf_analyzer_drives_a_sequence_model(
     url = server.url if protocol[1] == "http" else server.grpc_url
     result = subprocess.run(
         [str(PERF_ANALYZER), "-m", "acc", "-u", url, *protocol, "--concurrency-range", "4", "--sequence-length", "5",
-         "-p", "1000", "--stability-percentage", "100", "--max-trials", "5"],
+         *SMOKE_WINDOWS],
         check=False, capture_output=True, text=True, timeout=100,
     )
     output = result.stdout + result.stderr

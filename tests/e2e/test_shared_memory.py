@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from tests.conftest import IDENTITY_CONFIG, ROOT, RepoBuilder, RunningServer, free_port, start_server
+from tests.e2e.test_perf_analyzer import SMOKE_WINDOWS
 from tests.waiting import MODEL_GATE, wait_until
 
 IDENTITY = IDENTITY_CONFIG + """\
@@ -373,11 +374,10 @@ def test_perf_analyzer_runs_clean_with_system_shared_memory(server: RunningServe
         pytest.skip("perf_analyzer is not installed (make perf-analyzer)")
     with httpclient.InferenceServerClient(server.url) as one_off:
         before = one_off.get_inference_statistics("identity")["model_stats"][0]
-    # -s 100: on a shared CI machine latency swings more than the default 10 %; this run
-    # checks correctness over shared memory, not speed.
+    # checks correctness over shared memory, not speed
     run = subprocess.run(
         [str(PERF_ANALYZER), "-m", "identity", "-u", server.url, "-i", "http", "--shared-memory", "system",
-         "--concurrency-range", "2", "-p", "1000", "-s", "100"],
+         "--concurrency-range", "2", *SMOKE_WINDOWS],
         capture_output=True, text=True, timeout=240,
     )
     output = run.stdout + run.stderr

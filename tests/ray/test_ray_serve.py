@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from tests.conftest import ROOT, RepoBuilder, RunningServer, free_port, start_server  # noqa: E402
 from tests.waiting import wait_until
 from tests.e2e.test_generate import GATE_CONFIG, GATE_MODEL, SSE, events_of  # noqa: E402
+from tests.e2e.test_perf_analyzer import SMOKE_WINDOWS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -223,8 +224,7 @@ def test_perf_analyzer_through_the_ray_proxy(ray_server: tuple[RunningServer, Pa
     server, _ = ray_server
     result = subprocess.run(
         [str(ROOT / "perf" / "perf_analyzer"), "-m", "identity", "-u", server.url, "-i", "http",
-         # a protocol smoke test on a shared machine, not a measurement: any stable reading
-         "--concurrency-range", "4", "-p", "1000", "--max-trials", "5", "--stability-percentage", "100"],
+         "--concurrency-range", "4", *SMOKE_WINDOWS],
         capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
