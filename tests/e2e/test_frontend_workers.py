@@ -26,6 +26,8 @@ from tests.waiting import START_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see which worker holds a connection")
 
+MiB = 1 << 20
+
 IDENTITY = """
 name = "{name}"
 max_batch_size = {batch}
@@ -428,3 +430,69 @@ def test_workers_are_refused_where_they_cannot_serve(repo: RepoBuilder, flags: l
     )
     assert done.returncode == 2
     assert message in done.stderr
+
+
+FLOOD_CONFIG = """
+max_batch_size = 0
+[[input]]
+name = "COUNT"
+data_type = "TYPE_INT32"
+dims = [1]
+[[output]]
+name = "OUT"
+data_type = "TYPE_STRING"
+dims = [1]
+[model_transaction_policy]
+decoupled = true
+"""
+
+#: COUNT steps of 1 MiB each, as fast as it can; then the file "produced"
+FLOOD_MODEL = """
+import numpy as np
+
+
+class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
+    def infer(self, inputs):
+        count = int(inputs["COUNT"].reshape(-1)[0])
+        part = {"OUT": np.array([b"x" * (1 << 20)], dtype=object)}
+        for _ in range(count):
+            yield part
+        (self.folder / "produced").write_text(str(count))
+"""
+
+
+def _status(pid: int, key: str) -> int:
+    """A /proc/PID/status figure, in bytes (VmRSS, VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
+
+
+def test_a_streamed_response_its_client_does_not_read_is_not_queued_in_the_worker(repo: RepoBuilder, serve) -> None:
+    """generate_stream of 128 MiB that the client reads only after the model produced it
+    all: the main process sends the worker no more than the worker's window ahead of the
+    client (send_windows.py), so the worker's peak memory (VmHWM) stays far below the
+    response; the client then gets every event."""
+    repo.add("flood", FLOOD_CONFIG, FLOOD_MODEL, version=1)
+    server = serve(repo.root, "--http-workers", "2")
+    produced = repo.root / "flood" / "1" / "produced"
+    payload = json.dumps({"COUNT": 128}).encode()
+    request = (f"POST /v2/models/flood/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n"
+               .encode() + payload)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        pid = wait_until(lambda: serving_worker(server, sock.getsockname()[1]), "the connection's worker")
+        before = _status(pid, "VmRSS")
+        sock.sendall(request)
+        wait_until(produced.exists, "the model produced its 128 parts while its client read nothing")
+        received = bytearray()
+        while not received.endswith(b"0\r\n\r\n"):  # the chunked body's end
+            chunk = sock.recv(1 << 20)
+            assert chunk, f"the server closed the stream early: {bytes(received[:200])!r}"
+            received += chunk
+        peak = _status(pid, "VmHWM")
+    assert received.startswith(b"HTTP/1.1 200") and received.count(b"data: ") == 128
+    assert peak - before < 40 * MiB, f"the worker held {(peak - before) / MiB:.0f} MiB of a response its client did not read"

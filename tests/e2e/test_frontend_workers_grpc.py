@@ -279,3 +279,56 @@ def _goaway_code(data: bytes) -> int | None:
             return int.from_bytes(data[position + 13:position + 17], "big")
         position += 9 + length
     return None
+
+
+def test_a_grpc_stream_whose_client_does_not_read_is_not_queued_in_the_worker(repo: RepoBuilder, serve) -> None:
+    """ModelStreamInfer of 128 answers of 1 MiB that the client lets out only after the
+    model produced them all (its HTTP/2 window stays at the 64 KiB default until then,
+    then grows a MiB for each MiB it took, as a client's does):
+    the main process sends the worker no more than the worker's window ahead of the
+    client (send_windows.py), so no worker's peak memory (VmHWM) grows by the stream;
+    the client then gets every answer."""
+    from tritonclient.grpc import service_pb2
+
+    from tests.e2e.test_frontend_workers import FLOOD_CONFIG, FLOOD_MODEL, MiB, _status
+    from tests.e2e.test_grpc_hostile import DATA, HEADERS, Attacker, frame
+
+    import hpack
+
+    repo.add("flood", FLOOD_CONFIG, FLOOD_MODEL, version=1)
+    server = serve(repo.root, "--http-workers", "2")
+    produced = repo.root / "flood" / "1" / "produced"
+    before = {pid: _status(pid, "VmRSS") for pid in worker_pids(server)}
+    request = service_pb2.ModelInferRequest(model_name="flood")
+    request.inputs.add(name="COUNT", datatype="INT32", shape=[1]).contents.int_contents.append(128)
+    payload = request.SerializeToString()
+    attacker = Attacker(int(server.grpc_url.rsplit(":", 1)[1]))
+    block = hpack.Encoder().encode([(b":method", b"POST"), (b":scheme", b"http"),
+                                    (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+                                    (b":authority", b"x"), (b"content-type", b"application/grpc")])
+    attacker.send(frame(HEADERS, 4, 1, block) + frame(DATA, 1, 1, b"\0" + len(payload).to_bytes(4, "big") + payload))
+    wait_until(produced.exists, "the model produced its 128 answers while its client let none out")
+    grant = MiB.to_bytes(4, "big")  # as a client reads: a MiB more of window for each MiB it took
+    attacker.send(frame(8, 0, 0, grant) + frame(8, 0, 1, grant))
+    received, at, data_bytes, granted, ended = bytearray(), 0, 0, 0, False
+    attacker.sock.settimeout(60)
+    while not ended:
+        chunk = attacker.sock.recv(1 << 20)
+        assert chunk, "the server closed the connection before the stream's end"
+        received += chunk
+        while len(received) - at >= 9 and len(received) - at >= 9 + int.from_bytes(received[at:at + 3], "big"):
+            size, kind, flags = int.from_bytes(received[at:at + 3], "big"), received[at + 3], received[at + 4]
+            if kind == DATA:
+                data_bytes += size
+            elif kind == HEADERS and flags & 1 and int.from_bytes(received[at + 5:at + 9], "big") == 1:
+                ended = True
+            at += 9 + size
+        if data_bytes - granted >= MiB:
+            granted += MiB
+            attacker.send(frame(8, 0, 0, grant) + frame(8, 0, 1, grant))
+        del received[:at]
+        at = 0
+    peaks = {pid: _status(pid, "VmHWM") - rss for pid, rss in before.items()}
+    attacker.close()
+    assert data_bytes > 128 * MiB
+    assert max(peaks.values()) < 40 * MiB, f"a worker held {max(peaks.values()) / MiB:.0f} MiB of a stream its client did not read"

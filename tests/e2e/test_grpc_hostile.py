@@ -186,10 +186,14 @@ def test_headers_and_reset_in_one_read_leave_no_coroutine_behind(repo: RepoBuild
     assert "never awaited" not in server.log()
 
 
+@pytest.mark.workers_sensitive
 def test_a_stream_that_never_reads_its_answers_stops_being_read(repo: RepoBuilder, tmp_path: Path) -> None:
     """ModelStreamInfer from a client that never reads: answers wait for its window, the
     requests read ahead of them are bounded, then its window is no longer given back, so
-    it cannot make the server hold more and more; other clients are served meanwhile."""
+    it cannot make the server hold more and more; other clients are served meanwhile.
+    Through front-end workers (the --workers pass) the same holds across the link: the
+    main process stops answering once the worker holds a window of answers the client has
+    not let out (send_windows.py), so it stops taking the requests too."""
     repo.add("identity", CONFIG)
     server = start_server(repo.root, "--grpc-port", str(free_port()), log_dir=tmp_path)
     try:

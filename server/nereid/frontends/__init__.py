@@ -64,16 +64,21 @@ calls), ``grpc_link`` (the main process's side of them), ``worker`` (the worker 
 ``link`` (the main process's side of one worker), ``link_answers`` (how each request a
 worker hands over is answered), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every
-worker), ``local_answers`` (what a worker answers itself).
+worker), ``local_answers`` (what a worker answers itself), ``send_windows`` (streamed
+responses paced across the link).
 
 The connection limits (HTTP's and gRPC's) and the request-bytes budget hold server-wide (``shared_limits``: a
-row per process in shared memory, summed at each check).
+row per process in shared memory, summed at each check). Streamed responses (a relayed
+gRPC stream's messages, a forwarded response's body parts) are paced across the link
+(``send_windows``): the main process counts each stream's bytes the worker has not yet
+handed to its client's connection (the worker gives them back, CREDIT, once the client's
+HTTP/2 window let them out or the HTTP/1.1 writer drained them), and the stream's writer
+waits past 1 MiB for the stream or 32 MiB for the worker, as it waits on a slow client
+with one process; so a client that does not read makes its worker hold a bounded amount.
 
 Not yet: gRPC over TLS or on grpcio through the workers (the main process serves the
 gRPC port then, as with one process); statistics answered in the worker (forwarded, one
-hop); back-pressure across the link on a relayed gRPC stream's responses and on a
-forwarded streamed HTTP response (their parts queue in the worker while the client reads
-slowly).
+hop).
 """
 
 from nereid.frontends.supervisor import FrontEnds

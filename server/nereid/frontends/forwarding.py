@@ -39,7 +39,7 @@ _DONE, _STOP, _OPTIONS = Kind.DONE.value, Kind.STOP.value, Kind.OPTIONS.value
 _DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
     Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
     Kind.RESULTS.value)
-_DIRECTORY = Kind.DIRECTORY.value
+_DIRECTORY, _CREDIT = Kind.DIRECTORY.value, Kind.CREDIT.value
 #: templates a worker names by number (past this many, new ones travel whole each time)
 _MAX_TEMPLATES = 4096
 
@@ -117,6 +117,9 @@ class MainLink(asyncio.Protocol):
         self._calls: dict[int, _InferCall | _AsgiCall] = {}
         self._next_id = 0
         self._freed: list[int] = []
+        #: bytes of streamed responses handed to their clients' connections this turn,
+        #: by id: given back to the main process at the turn's end (CREDIT)
+        self._credits: dict[int, int] = {}
         #: the model versions the main process announced, by name
         self.models: dict[str, Announced] = {}
         #: tensors' templates sent, by their number
@@ -151,6 +154,23 @@ class MainLink(asyncio.Protocol):
     def send(self, message: tuple[Any, ...]) -> None:
         if self._outbox is not None and not self.main_gone:
             self._outbox.send(message)
+
+    def credit(self, id: int, size: int) -> None:
+        """``size`` bytes of call ``id``'s streamed response left this worker's queue for
+        its client's connection: the main process may send as much more (send_windows.py).
+        Given back with the others of this loop turn, in one CREDIT message."""
+        outbox = self._outbox
+        if outbox is None or self.main_gone or size <= 0:
+            return
+        credits = self._credits
+        if not credits:
+            outbox.before_flush(self._send_credits)
+        credits[id] = credits.get(id, 0) + size
+
+    def _send_credits(self) -> None:
+        credits, self._credits = self._credits, {}
+        if credits:
+            self.send((_CREDIT, tuple(credits.items())))
 
     # -- what the engine hands over --------------------------------------------------------
 
@@ -411,5 +431,6 @@ async def _relay(call: _AsgiCall, disconnected: asyncio.Future[Any], send: Send,
             await send({"type": "http.response.body", "body": message[2], "more_body": message[3]})
             if not message[3]:
                 return
+            link.credit(call.id, len(message[2]))  # the engine's writer took it (drained)
         else:  # CLOSE: returning unfinished makes the engine close the connection
             return

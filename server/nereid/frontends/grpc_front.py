@@ -11,11 +11,14 @@ ModelStreamInfer, a ModelInfer this cannot decode, and every call of a restricte
 -- is relayed whole to the main process's gRPC server (grpc_link.py): its headers, each
 message, its end or reset; and back its response message(s) and status. A streamed
 call's request messages hold the client's window here until the main process has taken
-them (GRPC_TAKEN).
+them (GRPC_TAKEN); its response messages are given back (CREDIT, send_windows.py) once
+the client's window let them out, so the main process's writer waits for a client that
+does not read as it would with one process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -35,7 +38,7 @@ from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits
 from nereid.grpc.h2.calls import Status
 from nereid.grpc.h2.connection import GrpcConnection
-from nereid.grpc.h2.stream import GrpcStream
+from nereid.grpc.h2.stream import GrpcStream, StreamState
 from nereid.grpc.infer import GrpcModelTables, status_of
 from nereid.grpc.infer_messages import decode_request, encode_response
 from nereid.grpc.native import NativeGrpcServer
@@ -129,7 +132,7 @@ class _GrpcCall(_InferCall):
     """One gRPC call of this worker: its stream, its request bytes (a ModelInfer), and
     what was decoded of it. Its own responder: the main process gone, it ends UNAVAILABLE."""
 
-    __slots__ = ("connection", "stream", "state", "received_ns", "data", "raw", "model", "request")
+    __slots__ = ("connection", "stream", "state", "received_ns", "data", "raw", "model", "request", "owed", "draining")
 
     def __init__(self, link: GrpcMainLink, connection: GrpcConnection, stream: GrpcStream) -> None:
         super().__init__(link, 0, self, -1)  # type: ignore[arg-type]  # its own Responder
@@ -142,6 +145,10 @@ class _GrpcCall(_InferCall):
         self.raw: bytes | None = None
         self.model: GrpcAnnounced | None = None
         self.request: Any = None
+        #: bytes of relayed response messages not given back yet, and whether a task
+        #: waits for the stream to drain to give them back
+        self.owed = 0
+        self.draining = False
 
     def reply(self, status: int, headers: Any, body: bytes) -> None:
         self.end(Status.UNAVAILABLE, _MAIN_GONE)
@@ -178,6 +185,7 @@ class GrpcMainLink(MainLink):
         super().__init__(arena, directory)
         #: the model versions announced, as gRPC decodes for them, by name
         self.grpc_models: dict[str, GrpcAnnounced] = {}
+        self._draining: set[asyncio.Task[None]] = set()
 
     # -- what the gRPC server hands over ---------------------------------------------------
 
@@ -250,6 +258,7 @@ class GrpcMainLink(MainLink):
             call = self._calls.get(message[1])
             if isinstance(call, _GrpcCall) and call.stream.call is call:
                 call.connection.send_message(call.stream, message[2])
+                self._owe(call, len(message[2]))
         elif kind == _FINISH:
             call = self._calls.pop(message[1], None)
             self._release(call)
@@ -268,6 +277,31 @@ class GrpcMainLink(MainLink):
                 known = self.grpc_models.get(message[1])
                 if known is not None and known.token == message[2]:
                     del self.grpc_models[message[1]]
+
+    def _owe(self, call: _GrpcCall, size: int) -> None:
+        """``size`` bytes of a relayed stream's response are queued on its stream: given
+        back to the main process (``credit``) once the client's window let them all
+        out -- at once when it did already, else when the stream drains."""
+        call.owed += size
+        if call.stream.pending_bytes == 0:
+            self.credit(call.id, call.owed)
+            call.owed = 0
+        elif not call.draining:
+            call.draining = True
+            task = self._loop.create_task(self._credit_when_drained(call))
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+
+    async def _credit_when_drained(self, call: _GrpcCall) -> None:
+        stream = call.stream
+        try:
+            while call.owed and stream.call is call and stream.state is not StreamState.CLOSED:
+                await call.connection.writable(stream, 0)
+                if stream.pending_bytes == 0 and stream.call is call:
+                    self.credit(call.id, call.owed)
+                    call.owed = 0
+        finally:
+            call.draining = False
 
     def _answer_decoded(self, call: _InferCall, version: int, outputs: dict[str, Any]) -> None:
         """As ``MainLink._answer_decoded``, a gRPC call answered in its own protocol."""

@@ -73,6 +73,7 @@ class RelayedConnection:
         stream = self.streams.pop(id, None)
         if stream is not None and stream.state is not StreamState.CLOSED:
             stream.state = StreamState.CLOSED
+            self.link.windows.forget(id)
             self._tell(stream, "reset")
 
     def reset_all(self) -> None:
@@ -95,7 +96,9 @@ class RelayedConnection:
 
     def send_message(self, stream: GrpcStream, message: bytes) -> None:
         if stream.state is not StreamState.CLOSED:
-            self.link.send((_SEND, stream.id, bytes(message)))
+            data = bytes(message)
+            self.link.windows.sent(stream.id, len(data))
+            self.link.send((_SEND, stream.id, data))
 
     def finish(self, stream: GrpcStream, status: int, message: str) -> None:
         if self._close(stream):
@@ -107,15 +110,17 @@ class RelayedConnection:
             self.link.send((_TAKEN, stream.id, size))
 
     async def writable(self, stream: GrpcStream) -> None:
-        """No back-pressure across the link: the worker's stream holds what its client
-        has not read yet."""
-        return None
+        """Wait while the worker holds more of this stream's messages than its client let
+        it send (send_windows.py): the streaming call's writer waits as it would on the
+        client's own connection."""
+        await self.link.windows.wait(stream.id)
 
     def _close(self, stream: GrpcStream) -> bool:
         if stream.state is StreamState.CLOSED:
             return False
         stream.state = StreamState.CLOSED
         self.streams.pop(stream.id, None)
+        self.link.windows.forget(stream.id)
         return True
 
 

@@ -26,6 +26,7 @@ from nereid.frontends.layout import (
 )
 from nereid.frontends.link_answers import DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import FrameReader, Kind, Outbox
+from nereid.frontends.send_windows import SendWindows
 from nereid.http._asgi import error_parts
 from nereid.http.app import NereidApp
 from nereid.http.h1.asgi_bridge import AsgiExchange
@@ -38,6 +39,7 @@ __all__ = ["WorkerLink"]
 _log = logging.getLogger("nereid")
 
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
+_CREDIT = Kind.CREDIT.value
 _ANSWER, _DONE = Kind.ANSWER.value, Kind.DONE.value
 _DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
     Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
@@ -72,6 +74,9 @@ class WorkerLink(asyncio.Protocol):
         #: request templates the worker numbered (decoding.py)
         self._templates: dict[int, tuple[Any, ...]] = {}
         self._exchanges: dict[int, ForwardedExchange] = {}
+        #: streamed responses' bytes out in the worker (forwarded bodies, relayed gRPC
+        #: streams), their writers held while the clients do not read
+        self.windows = SendWindows()
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
         #: decoded requests' outputs answered over this loop turn: sent together at the
@@ -91,6 +96,7 @@ class WorkerLink(asyncio.Protocol):
         with it); answers still to come are dropped."""
         self._outbox = None
         self._answered = []
+        self.windows.close()
         tickets, self.tickets = self.tickets, {}
         for ticket in tickets.values():
             ticket.withdraw()
@@ -128,6 +134,10 @@ class WorkerLink(asyncio.Protocol):
         elif kind == _FREED:
             for offset in message[1]:
                 self.ring.free(offset)
+        elif kind == _CREDIT:
+            returned = self.windows.returned
+            for id, size in message[1]:
+                returned(id, size)
         else:
             _log.error("front-end worker %d: unexpected message %r", self.index, message[:2])
 
@@ -363,6 +373,7 @@ class WorkerLink(asyncio.Protocol):
 
     def finished(self, id: int) -> None:
         self._exchanges.pop(id, None)
+        self.windows.forget(id)
 
     def _withdraw(self, id: int) -> None:
         ticket = self.tickets.pop(id, None)
@@ -371,6 +382,7 @@ class WorkerLink(asyncio.Protocol):
         exchange = self._exchanges.pop(id, None)
         if exchange is not None:
             exchange.gone = True
+            self.windows.forget(id)
             if exchange.exchange is not None:
                 exchange.exchange.disconnect()
         self.send((_DONE, id))

@@ -100,12 +100,17 @@ class ForwardedExchange:
         self.link.send((_START, self.id, status, headers))
 
     def send_body(self, body: bytes, more: bool) -> None:
-        if not more:
+        data = bytes(body)
+        if more:
+            self.link.windows.sent(self.id, len(data))
+        else:
             self.link.finished(self.id)
-        self.link.send((_BODY, self.id, bytes(body), more))
+        self.link.send((_BODY, self.id, data, more))
 
     async def drain(self) -> None:
-        return None
+        """Wait while the worker holds this response's share of parts its client has
+        not read (send_windows.py)."""
+        await self.link.windows.wait(self.id)
 
     def close(self) -> None:
         self.link.finished(self.id)

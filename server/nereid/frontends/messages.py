@@ -21,7 +21,7 @@ _LENGTH = struct.Struct("<I")
 
 
 class Kind(enum.IntEnum):
-    """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED. Main ->
+    """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED, CREDIT. Main ->
     worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
     MODEL, FORGET, DIRECTORY; and the GRPC_* pairs of relayed gRPC calls. A DECODED message
     of a gRPC ModelInfer carries one more field, True."""
@@ -38,6 +38,9 @@ class Kind(enum.IntEnum):
     #: (DECODED, id, token, template id, template or None, offset, request id, received_ns):
     #: a request decoded in the worker (decoding.py), its tensors at ``offset``
     DECODED = 5
+    #: (CREDIT, ((id, size), ...)): bytes of streamed responses (BODY, GRPC_SEND) the
+    #: worker handed to their clients' connections (send_windows.py)
+    CREDIT = 6
     #: (OPTIONS, ServerOptions, worker index, TlsFiles or None)
     OPTIONS = 10
     #: (ANSWER, id, status, headers, offset, length, inline body or None, repeat):

@@ -153,3 +153,33 @@ def test_a_directory_message_updates_the_workers_copy_of_the_models() -> None:
         assert current is not None and current.models == {} and not current.is_ready()
 
     run(test)
+
+
+def test_a_forwarded_responses_parts_are_given_back_once_the_engine_took_them() -> None:
+    async def test(link: MainLink, transport: FakeTransport, arena: Arena) -> None:
+        from nereid.frontends.forwarding import _relay
+
+        call = link.forward({"type": "http", "path": "/v2/models/m/generate_stream"}, b"")
+        taken: list[dict[str, Any]] = []
+        engine_drained = asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:  # the engine's writer: waits while the client does not read
+            taken.append(message)
+            if message["type"] == "http.response.body":
+                await engine_drained.wait()
+
+        relaying = asyncio.ensure_future(_relay(call, asyncio.get_running_loop().create_future(), send, link))
+        link.data_received(frame((Kind.START.value, call.id, 200, []), (Kind.BODY.value, call.id, b"part", True),
+                                 (Kind.BODY.value, call.id, b"more", True)))
+        for _ in range(3):
+            await next_turn()
+        assert [message for message in transport.sent if message[0] == Kind.CREDIT] == []
+        engine_drained.set()
+        link.data_received(frame((Kind.BODY.value, call.id, b"end", False)))
+        await relaying
+        await next_turn()
+        # each part given back once taken, the last one not (the response ended: nothing is owed)
+        assert [message for message in transport.sent if message[0] == Kind.CREDIT] == [(Kind.CREDIT, ((call.id, 4),))] * 2
+        assert [message.get("body") for message in taken] == [None, b"part", b"more", b"end"]
+
+    run(test)

@@ -218,3 +218,54 @@ def test_a_restricted_model_infer_is_relayed_for_the_main_process_to_check() -> 
         assert not server.routes  # no ModelInfer decoded here: every call relayed
 
     run(test, ServerOptions(grpc_restricted_protocol=(parse_restriction("inference:key=value"),)))
+
+
+class SlowConnection(Connection):
+    """A client connection whose window holds what is sent until ``read`` lets it out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drained = asyncio.Event()
+
+    def send_message(self, stream: GrpcStream, message: bytes) -> None:
+        super().send_message(stream, message)
+        stream.pending_bytes += len(message) + 5
+
+    def read(self, stream: GrpcStream) -> None:
+        stream.pending_bytes = 0
+        self.drained.set()
+
+    async def writable(self, stream: GrpcStream, high_water: int | None = None) -> None:
+        assert high_water == 0  # every byte out, not the engine's high-water mark
+        while stream.pending_bytes > 0:
+            self.drained.clear()
+            await self.drained.wait()
+
+
+def test_a_relayed_streams_answers_are_given_back_once_its_client_let_them_out() -> None:
+    async def test(link: GrpcMainLink, server: WorkerGrpcServer, transport: FakeTransport, arena: Arena) -> None:
+        fast, slow = Connection(), SlowConnection()
+        streams = []
+        for connection, number in ((fast, 1), (slow, 3)):
+            stream = GrpcStream(number, {b":path": b"/inference.GRPCInferenceService/ModelStreamInfer"}, 0, 0)
+            server.open(connection, stream)  # type: ignore[arg-type]
+            streams.append(stream)
+        await next_turn()
+        fast_id, slow_id = (message[1] for message in transport.sent)
+        link.data_received(frame((Kind.GRPC_SEND.value, fast_id, b"abc"), (Kind.GRPC_SEND.value, slow_id, b"defg"),
+                                 (Kind.GRPC_SEND.value, slow_id, b"hi")))
+        await next_turn()
+        credits = [message for message in transport.sent if message[0] == Kind.CREDIT]
+        assert credits == [(Kind.CREDIT, ((fast_id, 3),))]  # the slow client's window holds its answers
+        slow.read(streams[1])
+        await next_turn()
+        await next_turn()
+        credits = [message for message in transport.sent if message[0] == Kind.CREDIT]
+        assert credits[1:] == [(Kind.CREDIT, ((slow_id, 6),))]
+        link.data_received(frame((Kind.GRPC_SEND.value, slow_id, b"j"), (Kind.GRPC_FINISH.value, slow_id, 0, "")))
+        await next_turn()
+        await next_turn()
+        assert [message for message in transport.sent if message[0] == Kind.CREDIT] == credits  # ended: nothing owed
+        assert not link._draining
+
+    run(test)

@@ -159,3 +159,40 @@ def test_a_decoded_requests_error_goes_back_in_its_own_protocol(tmp_path: Path, 
                 assert answer[1:3] == (2, 503) and b"Exceeds maximum queue size" in answer[6]
 
     run(scenario())
+
+
+def test_a_relayed_streams_writer_waits_for_the_workers_credit_and_its_end_releases_it() -> None:
+    from nereid.frontends.grpc_link import RelayedConnection
+    from nereid.frontends.send_windows import SendWindows
+    from nereid.grpc.h2.stream import GrpcStream
+
+    async def scenario() -> None:
+        sent: list[tuple[Any, ...]] = []
+        link: Any = SimpleNamespace(windows=SendWindows(per_stream=4, whole=100), send=sent.append, index=0)
+        relay = RelayedConnection(None, link)  # type: ignore[arg-type]
+        streams = []
+        for id in (1, 2):
+            stream = GrpcStream(id, {}, 0, 0)
+            stream.handler = SimpleNamespace(reset=lambda *args: None)
+            relay.streams[id] = stream
+            streams.append(stream)
+        relay.send_message(streams[0], b"abcde")  # past the stream's window (4 bytes here)
+        writer = asyncio.ensure_future(relay.writable(streams[0]))
+        await next_turn()
+        assert not writer.done()
+        await relay.writable(streams[1])  # another stream goes on
+        link.windows.returned(1, 5)  # the worker's CREDIT: its client took them
+        await next_turn()
+        assert writer.done()
+        relay.send_message(streams[0], b"fghij")
+        relay.send_message(streams[1], b"klmno")
+        writers = [asyncio.ensure_future(relay.writable(stream)) for stream in streams]
+        await next_turn()
+        assert not any(writer.done() for writer in writers)
+        relay.reset(1)  # the client reset it
+        relay.finish(streams[1], 0, "")  # ended
+        await asyncio.gather(*writers)
+        assert link.windows.total == 0
+        assert [message[0] for message in sent] == [Kind.GRPC_SEND] * 3 + [Kind.GRPC_FINISH]
+
+    asyncio.run(scenario())

@@ -13,6 +13,7 @@ import numpy as np
 from nereid.errors import InternalError, NereidError, QueueFullError
 from nereid.frontends.link_answers import DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import Kind
+from nereid.frontends.send_windows import SendWindows
 
 
 class RecordingLink:
@@ -25,6 +26,7 @@ class RecordingLink:
         self.answers: list[tuple[Any, ...]] = []
         self.outputs: list[tuple[int, int, dict[str, Any]]] = []
         self.finished_ids: list[int] = []
+        self.windows = SendWindows(per_stream=4, whole=100)
 
     def send(self, message: tuple[Any, ...]) -> None:
         self.sent.append(message)
@@ -40,6 +42,7 @@ class RecordingLink:
 
     def finished(self, id: int) -> None:
         self.finished_ids.append(id)
+        self.windows.forget(id)
 
 
 SERVING: Any = SimpleNamespace(name="double", version=3)
@@ -100,6 +103,21 @@ def test_a_forwarded_request_streams_its_parts_back_and_is_finished_by_its_last(
     ]
     assert all(type(message[2]) is bytes for message in link.sent[1:])  # copies: pickled at the flush
     assert asyncio.run(streamed.drain()) is None
+
+    link = RecordingLink()
+    streamed = ForwardedExchange(link, 5)  # type: ignore[arg-type]
+    streamed.start_response(200, [])
+    streamed.send_body(b"abcde", True)  # past the stream's window (4 bytes here)
+
+    async def held_until_given_back() -> None:
+        drained = asyncio.ensure_future(streamed.drain())
+        await asyncio.sleep(0)
+        assert not drained.done()
+        link.windows.returned(5, 5)  # the worker's CREDIT
+        await drained
+
+    asyncio.run(held_until_given_back())
+    assert link.windows.total == 0
 
     link = RecordingLink()
     ForwardedExchange(link, 6).reply(404, [], b"gone")  # type: ignore[arg-type]

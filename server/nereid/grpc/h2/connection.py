@@ -416,10 +416,10 @@ class GrpcConnection(ControlFrames):
 
     # -- answers ---------------------------------------------------------------------------
 
-    async def writable(self, stream: GrpcStream) -> None:
-        """Wait while the stream holds more than its high-water mark of bytes the client
-        has not let it send (a streaming writer's back-pressure)."""
-        await self._sender.writable(stream, self._limits.stream_high_water)
+    async def writable(self, stream: GrpcStream, high_water: int | None = None) -> None:
+        """Wait while the stream holds more than its high-water mark (or ``high_water``)
+        of bytes the client has not let it send (a streaming writer's back-pressure)."""
+        await self._sender.writable(stream, self._limits.stream_high_water if high_water is None else high_water)
 
     # -- streams ending ------------------------------------------------------------------
 
