@@ -155,17 +155,36 @@ def _open_connections(server: RunningServer) -> str:
 def test_connections_past_the_limit_get_503_and_a_log_line(serve, repo: RepoBuilder) -> None:  # type: ignore[no-untyped-def]
     repo.add("vector", VECTOR)
     server = serve(repo.root, "--http-max-connections", "3")
-    held = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(3)]
-    try:
-        for sock in held:  # each is served: the server knows all three
+    held: list[socket.socket] = []
+
+    def one_more_held() -> bool:
+        # The connection of start_server's readiness check counts until the server has seen
+        # it close (later with --http-workers: another process may hold it), so a first
+        # connection may still be refused; once taken, each is served: the server knows it.
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        try:
             sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            answer = sock.recv(65536)
+        except ConnectionResetError:
+            answer = b""
+        if answer.startswith(b"HTTP/1.1 200 "):
+            held.append(sock)
+            return len(held) == 3
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer
+        sock.close()
+        return False
+
+    try:
+        wait_until(one_more_held, "three connections held")
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as extra:
             answer = _read_to_close(extra)  # told at once, before it sends anything
         assert answer.startswith(b"HTTP/1.1 503 ") and b"--http-max-connections" in answer
         wait_until(lambda: "open connections, the limit (--http-max-connections)" in server.log(), "the log line")
-    finally:
-        held.pop().close()
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    held.pop().close()
 
     def taken_again() -> bool:
         # Until the server has seen that close, a new connection is still refused: with a
