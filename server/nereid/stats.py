@@ -9,15 +9,19 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["Duration", "BatchStats", "ModelStats", "QUEUE_BUCKETS_US"]
+__all__ = ["Duration", "BatchStats", "ModelStats", "QUEUE_BUCKETS_US", "COUNTERS_HEAD", "COUNTERS_PER_BATCH_SIZE"]
 
 #: Upper bounds (inclusive, microseconds) of the queue-time distribution kept per model;
 #: ``ModelStats.queue_buckets`` has one more slot for longer waits.
 QUEUE_BUCKETS_US = (50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
                     250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000)
 _QUEUE_BUCKETS_NS = tuple(us * 1000 for us in QUEUE_BUCKETS_US)
+
+#: ``ModelStats.counters()``: this many integers, then ``COUNTERS_PER_BATCH_SIZE`` per batch size
+COUNTERS_HEAD = 24
+COUNTERS_PER_BATCH_SIZE = 7
 
 
 @dataclass(slots=True)
@@ -189,6 +193,43 @@ class ModelStats:
         self.fail.add(total_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def changes(self) -> int:
+        """A number that grows with every ``record_*`` and every ``answer``/``formation``
+        added (each adds to one of the counts summed here): unchanged, nothing changed."""
+        return (self.success.count + self.fail.count + self.execution_count + self.busy.count
+                + self.formation.count + self.answer.count)
+
+    def counters(self) -> list[int]:
+        """Every figure the statistics answers report (``snapshot``, ``scheduling_json``),
+        as integers: ``COUNTERS_HEAD`` of them, then ``COUNTERS_PER_BATCH_SIZE`` per batch
+        size (size first). ``from_counters`` makes the ModelStats that reports the same."""
+        values = [self.last_inference_ms, self.inference_count, self.execution_count]
+        for duration in (self.success, self.fail, self.queue, self.compute_input, self.compute_infer,
+                         self.compute_output, self.busy, self.idle_between, self.formation, self.answer):
+            values += (duration.count, duration.ns)
+        values.append(len(self.batch_stats))
+        for size, entry in self.batch_stats.items():
+            values += (size, entry.compute_input.count, entry.compute_input.ns, entry.compute_infer.count,
+                       entry.compute_infer.ns, entry.compute_output.count, entry.compute_output.ns)
+        return values
+
+    @classmethod
+    def from_counters(cls, name: str, version: int, values: Sequence[int]) -> ModelStats:
+        """The ModelStats whose ``counters()`` are ``values`` (what it does not report, the
+        failures by reason and the queue-time buckets, left at zero)."""
+        stats = cls(name, version, last_inference_ms=values[0], inference_count=values[1],
+                    execution_count=values[2])
+        durations = [Duration(values[index], values[index + 1]) for index in range(3, COUNTERS_HEAD - 1, 2)]
+        (stats.success, stats.fail, stats.queue, stats.compute_input, stats.compute_infer, stats.compute_output,
+         stats.busy, stats.idle_between, stats.formation, stats.answer) = durations
+        at = COUNTERS_HEAD
+        for _ in range(values[COUNTERS_HEAD - 1]):
+            size, *figures = values[at:at + COUNTERS_PER_BATCH_SIZE]
+            stats.batch_stats[size] = BatchStats(
+                Duration(figures[0], figures[1]), Duration(figures[2], figures[3]), Duration(figures[4], figures[5]))
+            at += COUNTERS_PER_BATCH_SIZE
+        return stats
 
     def scheduling_json(self) -> dict[str, dict[str, int]]:
         """nereid's scheduling figures (the statistics' ``scheduling`` entry): cumulative
