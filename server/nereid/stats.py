@@ -86,16 +86,23 @@ class ModelStats:
     idle_between: Duration = field(default_factory=Duration)
     formation: Duration = field(default_factory=Duration)
     answer: Duration = field(default_factory=Duration)
+    #: whether anything changed, and the batch sizes whose ``batch_stats`` entry changed,
+    #: since the front-end workers' table took the figures (frontends/shared_stats.py
+    #: resets both; otherwise they cost a store per record and an add per batch)
+    changed: bool = False
+    changed_batch_sizes: set[int] = field(default_factory=set)
 
     def record_execution(
         self, rows: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
     ) -> None:
         """One successful batch of ``rows`` rows."""
+        self.changed = True
         self.execution_count += 1
         self.inference_count += rows
         entry = self.batch_stats.get(rows)
         if entry is None:
             entry = self.batch_stats[rows] = BatchStats()
+        self.changed_batch_sizes.add(rows)
         entry.compute_input.add(compute_input_ns)
         entry.compute_infer.add(compute_infer_ns)
         entry.compute_output.add(compute_output_ns)
@@ -122,6 +129,7 @@ class ModelStats:
         """The successful requests of one batch at once: ``total_ns`` is the sum of their
         end-to-end times, ``queue_times_ns`` one entry per request; each is charged the
         batch's compute times, as Triton does."""
+        self.changed = True
         count = len(queue_times_ns)
         if not count:
             return
@@ -142,12 +150,14 @@ class ModelStats:
         (``compute``: its input, infer and output ns), and its ``record_scheduling``
         figures (busy, idle, formation ns; None: not counted, a rerun). Spelled out: once
         per batch on the event loop."""
+        self.changed = True
         compute_input_ns, compute_infer_ns, compute_output_ns = compute
         self.execution_count += 1
         self.inference_count += rows
         entry = self.batch_stats.get(rows)
         if entry is None:
             entry = self.batch_stats[rows] = BatchStats()
+        self.changed_batch_sizes.add(rows)
         entry.compute_input.count += 1
         entry.compute_input.ns += compute_input_ns
         entry.compute_infer.count += 1
@@ -176,6 +186,7 @@ class ModelStats:
     def record_scheduling(self, busy_ns: int, idle_ns: int | None, formation_ns: int) -> None:
         """One batch's time on its instance, the instance's idle time before it (None: it
         was not ready when the batch before ended) and the time forming it took."""
+        self.changed = True
         self.busy.count += 1
         self.busy.ns += busy_ns
         if idle_ns is not None:
@@ -186,33 +197,57 @@ class ModelStats:
 
     def record_queue_time(self, queue_ns: int) -> None:
         """Count one successful request's queue time in ``queue_buckets``."""
+        self.changed = True
         self.queue_buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
 
     def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
         """One failed request; ``reason`` is Triton's metric label."""
+        self.changed = True
         self.fail.add(total_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def changes(self) -> int:
-        """A number that grows with every ``record_*`` and every ``answer``/``formation``
-        added (each adds to one of the counts summed here): unchanged, nothing changed."""
-        return (self.success.count + self.fail.count + self.execution_count + self.busy.count
-                + self.formation.count + self.answer.count)
+    def record_answer(self, ns: int) -> None:
+        """The event loop's time answering one batch's requests (``batch_answer``)."""
+        self.changed = True
+        self.answer.count += 1
+        self.answer.ns += ns
+
+    def record_formation(self, ns: int) -> None:
+        """The event loop's time forming one batch (``batch_formation``)."""
+        self.changed = True
+        self.formation.count += 1
+        self.formation.ns += ns
 
     def counters(self) -> list[int]:
         """Every figure the statistics answers report (``snapshot``, ``scheduling_json``),
         as integers: ``COUNTERS_HEAD`` of them, then ``COUNTERS_PER_BATCH_SIZE`` per batch
         size (size first). ``from_counters`` makes the ModelStats that reports the same."""
-        values = [self.last_inference_ms, self.inference_count, self.execution_count]
-        for duration in (self.success, self.fail, self.queue, self.compute_input, self.compute_infer,
-                         self.compute_output, self.busy, self.idle_between, self.formation, self.answer):
-            values += (duration.count, duration.ns)
-        values.append(len(self.batch_stats))
-        for size, entry in self.batch_stats.items():
-            values += (size, entry.compute_input.count, entry.compute_input.ns, entry.compute_infer.count,
-                       entry.compute_infer.ns, entry.compute_output.count, entry.compute_output.ns)
+        values = self.head_counters()
+        for size in self.batch_stats:
+            values += self.batch_counters(size)
         return values
+
+    def head_counters(self) -> list[int]:
+        """The first ``COUNTERS_HEAD`` of ``counters()``: all but the batch sizes' figures
+        (the last one: how many batch sizes follow). Spelled out: the main process takes
+        them after each batch when front-end workers answer statistics."""
+        success, fail, queue, busy, idle, formation, answer = (
+            self.success, self.fail, self.queue, self.busy, self.idle_between, self.formation, self.answer)
+        compute_input, compute_infer, compute_output = self.compute_input, self.compute_infer, self.compute_output
+        return [
+            self.last_inference_ms, self.inference_count, self.execution_count, success.count, success.ns,
+            fail.count, fail.ns, queue.count, queue.ns, compute_input.count, compute_input.ns,
+            compute_infer.count, compute_infer.ns, compute_output.count, compute_output.ns, busy.count, busy.ns,
+            idle.count, idle.ns, formation.count, formation.ns, answer.count, answer.ns, len(self.batch_stats),
+        ]
+
+    def batch_counters(self, size: int) -> tuple[int, ...]:
+        """The ``COUNTERS_PER_BATCH_SIZE`` figures of batch size ``size`` in ``counters()``."""
+        entry = self.batch_stats[size]
+        compute_input, compute_infer, compute_output = entry.compute_input, entry.compute_infer, entry.compute_output
+        return (size, compute_input.count, compute_input.ns, compute_infer.count, compute_infer.ns,
+                compute_output.count, compute_output.ns)
 
     @classmethod
     def from_counters(cls, name: str, version: int, values: Sequence[int]) -> ModelStats:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -51,6 +51,8 @@ BATCH_SIZES_PER_ROW = (_ROW_CELLS - 2 - COUNTERS_HEAD) // COUNTERS_PER_BATCH_SIZ
 _HEADER_BYTES = 64  # the sequence counter, alone on its cache line
 _SIZE = _HEADER_BYTES + ROWS * _ROW_BYTES
 _HEAD = struct.Struct("<2q")
+_HEAD_ROW = struct.Struct(f"<{2 + COUNTERS_HEAD}q")
+_BATCH_SIZE = struct.Struct(f"<{COUNTERS_PER_BATCH_SIZE}q")
 #: tries of a read before the request is left to the main process
 _ATTEMPTS = 100
 
@@ -85,14 +87,27 @@ class StatsTable:
         self._sequence[0] += 1
 
     def write(self, row: int, restarts: int, counters: list[int]) -> None:
-        """Row ``row`` (between ``begin`` and ``end``): figures that do not fit are marked
-        so (readers leave them to the main process)."""
+        """Row ``row`` (between ``begin`` and ``end``): ``ModelStats.counters()``, or its
+        head alone (``ModelStats.head_counters()``: the batch sizes' figures are written
+        apart, ``write_batch_size``). Figures that do not fit are marked so (readers leave
+        them to the main process)."""
         offset = _HEADER_BYTES + row * _ROW_BYTES
-        length = len(counters)
-        if length + 2 > _ROW_CELLS:
+        sizes = counters[COUNTERS_HEAD - 1]
+        length = COUNTERS_HEAD + sizes * COUNTERS_PER_BATCH_SIZE
+        if sizes > BATCH_SIZES_PER_ROW:
             _HEAD.pack_into(self._map, offset, restarts, -1)
             return
-        struct.pack_into(f"<{length + 2}q", self._map, offset, restarts, length, *counters)
+        if len(counters) == COUNTERS_HEAD:
+            _HEAD_ROW.pack_into(self._map, offset, restarts, length, *counters)
+        else:
+            struct.pack_into(f"<{length + 2}q", self._map, offset, restarts, length, *counters)
+
+    def write_batch_size(self, row: int, slot: int, counters: tuple[int, ...]) -> None:
+        """The figures of one batch size (``ModelStats.batch_counters``) in slot ``slot``
+        of row ``row`` (slots past the row's size are not kept)."""
+        if slot < BATCH_SIZES_PER_ROW:
+            offset = _HEADER_BYTES + row * _ROW_BYTES + (2 + COUNTERS_HEAD + slot * COUNTERS_PER_BATCH_SIZE) * 8
+            _BATCH_SIZE.pack_into(self._map, offset, *counters)
 
     def read(self, row: int) -> tuple[int, tuple[int, ...]] | None:
         """Row ``row``'s restarts and counters (None: they did not fit); torn while the
@@ -111,13 +126,16 @@ class StatsTable:
 
 @dataclass(slots=True)
 class _Row:
-    """A served version's row: what it was last written with (changes -1: not yet)."""
+    """A served version's row: its figures, whether it has been written yet, the
+    restarts it was last written with, and the slot of each batch size in it."""
 
     index: int
     serving: ServingModel
+    stats: ModelStats
     process: bool
-    changes: int = -1
+    written: bool = False
     restarts: int = -1
+    slots: dict[int, int] = field(default_factory=dict)
 
 
 class StatsPublisher:
@@ -141,29 +159,47 @@ class StatsPublisher:
             if row is None:
                 if not self._free:
                     continue  # past the table: its statistics are asked of the main process
-                self._rows[key] = _Row(self._free.pop(), version, version.has_process_instances)
+                self._rows[key] = _Row(self._free.pop(), version, version.stats, version.has_process_instances)
             elif row.serving is not version:
-                self._rows[key] = _Row(row.index, version, version.has_process_instances)
+                self._rows[key] = _Row(row.index, version, version.stats, version.has_process_instances)
         self.publish()
         return {key: row.index for key, row in self._rows.items()}
 
     def publish(self) -> None:
-        """Write again every row whose figures changed since it was last written (called
-        before anything is written to a worker)."""
+        """Write again every row whose figures changed since it was last written
+        (``ModelStats.changed``; a version with process instances: or its restarts), in
+        one write of the table. Called before anything is written to a worker."""
         table = self.table
         writing = False
         for row in self._rows.values():
-            serving = row.serving
-            changes = serving.stats.changes()
-            restarts = serving.restarts if row.process else -1
-            if changes != row.changes or restarts != row.restarts:
+            if row.stats.changed or not row.written or (row.process and row.serving.restarts != row.restarts):
                 if not writing:
                     writing = True
                     table.begin()
-                table.write(row.index, restarts, serving.stats.counters())
-                row.changes, row.restarts = changes, restarts
+                self._write(row)
         if writing:
             table.end()
+
+    def _write(self, row: _Row) -> None:
+        """Row ``row`` again: its head, and the batch sizes whose figures changed (all of
+        them the first time), each in its slot (in the order the sizes first came)."""
+        stats = row.stats
+        stats.changed = False
+        restarts = row.restarts = row.serving.restarts if row.process else -1
+        slots = row.slots
+        if not row.written:
+            row.written = True
+            slots.clear()
+            sizes: Iterable[int] = stats.batch_stats
+        else:
+            sizes = stats.changed_batch_sizes
+        for size in sizes:
+            slot = slots.get(size)
+            if slot is None:
+                slot = slots[size] = len(slots)
+            self.table.write_batch_size(row.index, slot, stats.batch_counters(size))
+        stats.changed_batch_sizes.clear()
+        self.table.write(row.index, restarts, stats.head_counters())
 
 
 class StatisticsCopy:

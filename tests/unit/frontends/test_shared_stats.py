@@ -63,9 +63,9 @@ def record(stats: ModelStats, batch_sizes: range) -> None:
     """Batches of each size, a failure, scheduling figures: every counter moves."""
     for rows in batch_sizes:
         stats.record_batch(rows, 1000 * rows, [10 * rows] * rows, (rows, 2 * rows, 3 * rows), (7 * rows, rows, 5))
-        stats.answer.add(11)
+        stats.record_answer(11)
     stats.record_failure(99, "BACKEND")
-    stats.formation.add(3)
+    stats.record_formation(3)
 
 
 def answers(source: Any) -> list[Any]:
