@@ -6,13 +6,16 @@ through another sees its request counted.
 The main process's ``StatsPublisher`` keeps a row of the ``StatsTable`` for each version
 the manager serves (``sync``: after each change the manager reports, with the picture of
 the models -- directory_sync.py sends the rows to the workers with it) and writes again
-every row whose figures changed (``publish``) just before it writes anything to any
-worker (``WorkerLink``): the figures a batch added are in the table before its answers
-leave the main process. A worker reads what a request asks for (``StatisticsCopy.read``)
+every row whose figures changed (``publish``: ``ModelStats.changed``, and only the batch
+sizes that changed) just before it writes anything to any worker (``WorkerLink``): the
+figures a batch added are in the table before its answers leave the main process, and a
+worker's answer is the main process's answer at the moment of its last write to a
+worker. Nothing of this runs without workers (the records only set a flag). A worker reads what a request asks for (``StatisticsCopy.read``)
 under two counters: the table's sequence (a seqlock: odd while the main process writes,
 a read that saw it odd or changed is read again) and the directory's shared generation (a
 row changes hands only after a change the generation counts: a read across one is left to
-the main process). The figures are ``ModelStats.counters()``.
+the main process). A row holds ``ModelStats.counters()``: restarts (-1: no process
+instances), their length, the head, then one slot per batch size, in the order they came.
 
 Left to the main process (the worker forwards or relays the request): a read that does
 not settle (the main process stopped mid-write), a version past the table's ``ROWS``, a
