@@ -417,7 +417,10 @@ STATISTICS = [
     "/v2/models/identity/versions/2/stats", "/v2/models/identity/versions/3/stats",
     "/v2/models/identity/versions/99999999999999999999/stats", "/v2/models/gone/stats",
     "/v2/models/gone/versions/1/stats", "/v2/models/broken/stats", "/v2/models/nothing/stats",
+    "/v2/models/apart/stats",
 ]
+#: a model whose instance runs in a process of its own (its statistics say how often it restarted)
+APART = '[[instance_group]]\ncount = 1\nkind = "KIND_CPU"\nisolation = "process"'
 
 
 def _counts_only(response: bytes) -> object:
@@ -441,6 +444,7 @@ def _counts_only(response: bytes) -> object:
 
 def test_statistics_through_workers_are_what_one_process_answers(repo: RepoBuilder, serve) -> None:
     lookup_repository(repo)
+    repo.add("apart", IDENTITY.format(name="apart", batch=8, extra=APART))
     flags = ("--model-control-mode", "explicit", "--load-model", "*", "--strict-readiness", "false")
     servers = [serve(repo.root, "--http-workers", str(count), *flags) for count in (1, 2)]
     connections = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for server in servers]
@@ -459,7 +463,9 @@ def test_statistics_through_workers_are_what_one_process_answers(repo: RepoBuild
     for values in ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]):
         both("POST", "/v2/models/identity/infer", infer_body(values))
         both("POST", "/v2/models/identity/versions/1/infer", infer_body(values))
+        both("POST", "/v2/models/apart/infer", infer_body(values))
     compare("inferred")
+    assert b'"instance_restarts":0' in raw_get(connections[1], "/v2/models/apart/stats")
     both("POST", "/v2/repository/models/identity/load")
     compare("loaded again")
     both("POST", "/v2/repository/models/identity/unload")
