@@ -20,8 +20,8 @@ from typing import Any
 from starlette.routing import Match, Route
 
 from nereid.frontends.directory_sync import DirectoryCopy
-from nereid.http._asgi import Message, Scope, Send
 from nereid.frontends.shared_stats import StatisticsCopy
+from nereid.http._asgi import Message, Scope, Send
 from nereid.http.app import SHADOWING_PATHS, lookup_rows, statistics_rows
 from nereid.http.endpoints import Lookups
 from nereid.errors import NereidError
@@ -92,7 +92,7 @@ class LocalAnswers:
     async def answer(self, scope: Scope, send: Send) -> bool:
         if scope["method"] != "GET":
             return False
-        if self._statistics_routes and await self._answer_statistics(scope, send):
+        if self._statistics_routes and scope["path"].endswith("/stats") and await self._answer_statistics(scope, send):
             return True
         if scope["path"] in SHADOWING_PATHS:
             return False
