@@ -124,7 +124,9 @@ class DirectoryPublisher:
         for link in self._links.values():
             link.send(message)
 
-    def _message(self, directory: Directory, models: Mapping[str, ModelFacts | None], *, whole: bool) -> tuple[Any, ...]:
+    def _message(
+        self, directory: Directory, models: Mapping[str, ModelFacts | None], *, whole: bool,
+    ) -> tuple[Any, ...]:
         rows = self.stats_rows() if self.stats_rows is not None else None
         return (_DIRECTORY, self.generation.read(), directory.ready, directory.ready_strict, dict(models), whole, rows)
 
