@@ -11,10 +11,10 @@ sizes that changed) just before it writes anything to any worker (``WorkerLink``
 figures a batch added are in the table before its answers leave the main process, and a
 worker's answer is the main process's answer at the moment of its last write to a
 worker. Nothing of this runs without workers (the records only set a flag). A worker
-reads what a request asks for (``StatisticsCopy.read``) under two counters: the table's sequence (a seqlock: odd while the main process writes,
-a read that saw it odd or changed is read again) and the directory's shared generation (a
-row changes hands only after a change the generation counts: a read across one is left to
-the main process). A row holds ``ModelStats.counters()``: restarts (-1: no process
+reads what a request asks for (``StatisticsCopy.read``) under two counters: the table's
+sequence (a seqlock: odd while the main process writes, a read that saw it odd or changed
+is read again) and the directory's shared generation (a row changes hands only after a
+change the generation counts: a read across one is left to the main process). A row holds ``ModelStats.counters()``: restarts (-1: no process
 instances), their length, the head, then one slot per batch size, in the order they came.
 
 Left to the main process (the worker forwards or relays the request): a read that does
