@@ -28,13 +28,12 @@ seqlock relies on, as ``SharedGeneration`` does.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterable
-
-import numpy as np
+from typing import Iterable
 
 from nereid.frontends.directory_sync import DirectoryCopy
 from nereid.models.directory import StatisticsPicture, VersionStatistics
@@ -67,7 +66,8 @@ class StatsTable:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._map = mmap.mmap(fd, _SIZE)
-        self._sequence: np.ndarray[Any, np.dtype[np.int64]] = np.ndarray((1,), np.int64, buffer=self._map)
+        #: one aligned 8-byte cell: ctypes reads and writes it whole
+        self._sequence = ctypes.c_int64.from_buffer(self._map)
 
     @classmethod
     def create(cls) -> StatsTable:
@@ -80,14 +80,14 @@ class StatsTable:
         return cls(fd)
 
     def sequence(self) -> int:
-        return int(self._sequence[0])
+        return self._sequence.value
 
     def begin(self) -> None:
         """Rows are being written (readers wait or read again)."""
-        self._sequence[0] += 1
+        self._sequence.value += 1
 
     def end(self) -> None:
-        self._sequence[0] += 1
+        self._sequence.value += 1
 
     def write(self, row: int, restarts: int, counters: list[int]) -> None:
         """Row ``row`` (between ``begin`` and ``end``): ``ModelStats.counters()``, or its
