@@ -314,7 +314,9 @@ class Server(InProcessServer):
         state: dict[str, Any] = {}
         assert self.shared_limits is not None
         frontends = FrontEnds(
-            self.app, options, state, options.http_workers, self.shared_limits, self.http_tls, self._relayed_grpc
+            self.app, options, state, options.http_workers, self.shared_limits, self.http_tls, self._relayed_grpc,
+            # statistics answered in the workers only when every answer leaves through them
+            statistics=self._relayed_grpc is not None or not options.allow_grpc,
         )
         try:
             await frontends.start()

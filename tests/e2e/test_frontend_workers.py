@@ -300,7 +300,7 @@ def test_a_model_reloaded_with_another_config_is_decoded_by_the_new_one(repo: Re
 # -- health, metadata and config answered in the workers ----------------------------------------
 
 #: every lookup route (health, metadata, config), with known, failed, unloaded and unknown
-#: models and versions, and a version number past Triton's range; statistics last (forwarded)
+#: models and versions, and a version number past Triton's range
 LOOKUPS = [
     "/v2/health/live", "/v2/health/ready", "/v2",
     "/v2/models/identity", "/v2/models/identity/versions/1", "/v2/models/identity/versions/2",
@@ -363,7 +363,7 @@ def test_health_metadata_and_config_are_answered_in_the_worker_not_the_main_proc
     try:
         for path in LOOKUPS:
             assert raw_get(connection, path) == expected[path], path
-        connection.sendall(b"GET /v2/models/stats HTTP/1.1\r\nHost: x\r\n\r\n")  # forwarded: it waits
+        connection.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n")  # forwarded: it waits
         connection.settimeout(0.5)
         with pytest.raises(TimeoutError):
             connection.recv(1)
@@ -406,6 +406,120 @@ def test_a_change_confirmed_through_one_worker_is_in_the_next_answer_of_the_othe
             finally:
                 os.kill(asker, signal.SIGCONT)
             assert answer in read_response(asked), (round, question)
+    first.close()
+    second.close()
+
+
+# -- statistics answered in the workers --------------------------------------------------------
+
+#: every statistics route, with served, unloaded, failed and unknown models and versions,
+#: and a version number past Triton's range
+STATISTICS = [
+    "/v2/models/stats", "/v2/models/identity/stats", "/v2/models/identity/versions/1/stats",
+    "/v2/models/identity/versions/2/stats", "/v2/models/identity/versions/3/stats",
+    "/v2/models/identity/versions/99999999999999999999/stats", "/v2/models/gone/stats",
+    "/v2/models/gone/versions/1/stats", "/v2/models/broken/stats", "/v2/models/nothing/stats",
+    "/v2/models/apart/stats",
+]
+#: a model whose instance runs in a process of its own (its statistics say how often it restarted)
+APART = '[[instance_group]]\ncount = 1\nkind = "KIND_CPU"\nisolation = "process"'
+
+
+def _counts_only(response: bytes) -> object:
+    """A statistics answer with what timing decides masked (durations' ns, the last
+    inference's time, nereid's scheduling figures, the length); an error answer whole."""
+    head, body = response.split(b"\r\n\r\n", 1)
+    if not head.startswith(b"HTTP/1.1 200 "):
+        return response
+    head = b"\r\n".join(line for line in head.split(b"\r\n") if not line.startswith(b"content-length:"))
+
+    def masked(value: object) -> object:
+        if isinstance(value, dict):
+            return {key: 0 if key in ("ns", "last_inference") else masked(item)
+                    for key, item in value.items() if key != "scheduling"}
+        if isinstance(value, list):
+            return [masked(item) for item in value]
+        return value
+
+    return head, masked(json.loads(body))
+
+
+def test_statistics_through_workers_are_what_one_process_answers(repo: RepoBuilder, serve) -> None:
+    lookup_repository(repo)
+    repo.add("apart", IDENTITY.format(name="apart", batch=8, extra=APART))
+    flags = ("--model-control-mode", "explicit", "--load-model", "*", "--strict-readiness", "false")
+    servers = [serve(repo.root, "--http-workers", str(count), *flags) for count in (1, 2)]
+    connections = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for server in servers]
+
+    def both(method: str, path: str, body: bytes = b"") -> None:
+        for connection in connections:
+            assert raw_get(connection, path, method, body).startswith(b"HTTP/1.1 200 OK\r\n"), path
+
+    def compare(step: str) -> None:
+        for path in STATISTICS:
+            one, workers = (_counts_only(raw_get(connection, path)) for connection in connections)
+            assert workers == one, (step, path)
+
+    compare("loaded, nothing inferred")
+    both("POST", "/v2/repository/models/gone/unload")
+    for values in ([1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]):
+        both("POST", "/v2/models/identity/infer", infer_body(values))
+        both("POST", "/v2/models/identity/versions/1/infer", infer_body(values))
+        both("POST", "/v2/models/apart/infer", infer_body(values))
+    compare("inferred")
+    assert b'"instance_restarts":0' in raw_get(connections[1], "/v2/models/apart/stats")
+    both("POST", "/v2/repository/models/identity/load")
+    compare("loaded again")
+    both("POST", "/v2/repository/models/identity/unload")
+    compare("unloaded")
+    for connection in connections:
+        connection.close()
+
+
+def test_statistics_are_answered_in_the_worker_not_the_main_process(repo: RepoBuilder, serve) -> None:
+    import tritonclient.grpc as grpcclient
+
+    lookup_repository(repo)
+    server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit", "--load-model", "identity")
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    raw_get(connection, "/v2/models/identity/infer", "POST", infer_body([1.0, 2.0, 3.0, 4.0]))
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    expected = {path: raw_get(connection, path) for path in STATISTICS}
+    expected_grpc = grpc.get_inference_statistics("identity")
+    os.kill(server.process.pid, signal.SIGSTOP)  # the main process answers nothing now
+    try:
+        for path in STATISTICS:
+            assert raw_get(connection, path) == expected[path], path
+        assert grpc.get_inference_statistics("identity", client_timeout=30) == expected_grpc
+        with pytest.raises(grpcclient.InferenceServerException, match="requested model 'gone' is not available"):
+            grpc.get_inference_statistics("gone", client_timeout=30)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    assert b'"inference_count":1,' in expected["/v2/models/identity/stats"]
+    assert expected_grpc.model_stats[-1].inference_stats.success.count == 1  # version 2, the latest
+    grpc.close()
+    connection.close()
+
+
+def test_a_request_answered_through_one_worker_is_counted_in_the_next_statistics_of_the_other(
+    repo: RepoBuilder, serve,
+) -> None:
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra="[dynamic_batching]"))
+    server = serve(repo.root, "--http-workers", "2")
+    first, second = open_connections(server, per_worker=1)
+    for round in range(40):
+        inferring, asking = (first, second) if round % 2 else (second, first)
+        values = [float(round)] * (1 + round % 3)
+        inferring.request("POST", "/v2/models/identity/infer", body=json.dumps({"inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [len(values), 4], "data": values * 4}]}).encode())
+        response = inferring.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+        asking.request("GET", "/v2/models/identity/stats")
+        stats = json.loads(asking.getresponse().read())["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == round + 1, round
+        assert stats["execution_count"] == round + 1, round
+        assert stats["inference_count"] == sum(1 + done % 3 for done in range(round + 1)), round
     first.close()
     second.close()
 

@@ -332,3 +332,27 @@ def test_a_grpc_stream_whose_client_does_not_read_is_not_queued_in_the_worker(re
     attacker.close()
     assert data_bytes > 128 * MiB
     assert max(peaks.values()) < 40 * MiB, f"a worker held {max(peaks.values()) / MiB:.0f} MiB of a stream its client did not read"
+
+
+def test_grpc_statistics_answered_in_the_workers_are_the_main_processs_figures(repo: RepoBuilder, serve) -> None:
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2
+
+    repo.add("identity", IDENTITY.format(name="identity", batch=8, extra="[dynamic_batching]"))
+    # HTTP's statistics restricted: answered by the main process (the key checked there), gRPC's in the workers
+    server = serve(repo.root, "--http-workers", "2", "--http-restricted-api", "statistics:admin-key=yes")
+    clients = spread_clients(server, 4)
+    http = httpclient.InferenceServerClient(server.url)
+    for round in range(12):  # each answer counted in the next statistics, through whichever worker
+        clients[round % 4].infer("identity", [tensor(float(round))])
+        stats = clients[(round + 1) % 4].get_inference_statistics("identity").model_stats[0]
+        assert (stats.inference_stats.success.count, stats.execution_count) == (round + 1, round + 1), round
+    main = http.get_inference_statistics(headers={"admin-key": "yes"})
+    for entry in main["model_stats"]:
+        entry.pop("scheduling")  # nereid's: not in gRPC's message
+    expected = json_format.ParseDict(main, service_pb2.ModelStatisticsResponse())
+    assert expected.model_stats[0].inference_stats.success.count == 12
+    for each in clients:
+        assert each.get_inference_statistics() == expected
+        each.close()
+    http.close()

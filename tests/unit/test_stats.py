@@ -46,3 +46,42 @@ def test_record_successes_equals_one_record_success_per_request(
         stats.last_inference_ms = 0  # wall clock: not part of the comparison
     assert at_once.snapshot() == one_by_one.snapshot()
     assert at_once.queue_buckets == one_by_one.queue_buckets
+
+
+def _busy(stats: ModelStats) -> None:
+    stats.record_batch(3, 300, [1, 2, 3], (4, 5, 6), (7, 8, 9))
+    stats.record_batch(1, 100, [4], (1, 1, 1), (2, None, 3))
+    stats.record_failure(50, "REJECTED")
+    stats.record_answer(12)
+    stats.record_formation(13)
+
+
+def test_counters_make_a_model_stats_that_reports_the_same() -> None:
+    stats = ModelStats("m", 2)
+    _busy(stats)
+    again = ModelStats.from_counters("m", 2, stats.counters())
+    assert again.snapshot() == stats.snapshot()
+    assert again.scheduling_json() == stats.scheduling_json()
+    assert again.counters() == stats.counters()
+
+
+def test_every_record_marks_the_figures_changed() -> None:
+    stats = ModelStats("m", 1)
+    records = [
+        lambda: stats.record_batch(2, 10, [1, 2], (1, 1, 1), None),
+        lambda: stats.record_batch(2, 10, [], (1, 1, 1), (1, None, 1)),
+        lambda: stats.record_execution(1, 1, 1, 1),
+        lambda: stats.record_success(1, 1, 1, 1, 1),
+        lambda: stats.record_successes(2, [1, 1], 1, 1, 1),
+        lambda: stats.record_failure(1, "CANCELED"),
+        lambda: stats.record_scheduling(1, 2, 3),
+        lambda: stats.record_answer(1),
+        lambda: stats.record_formation(1),
+    ]
+    for index, record in enumerate(records):
+        stats.changed = False
+        before = stats.counters()
+        record()
+        assert stats.changed, index
+        assert stats.counters() != before, index
+    assert stats.changed_batch_sizes == {1, 2}

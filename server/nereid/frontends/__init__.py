@@ -30,9 +30,15 @@ would load every model N times and split every batch N ways.
                  from a picture older than a change the main process confirmed, and
                  readiness of versions whose instances can falter on their own is
                  asked of the main process (directory_sync, local_answers)
+      statistics: answered in the worker by the same handlers from every served
+                 version's figures, which the main process keeps in a table in shared
+                 memory (shared_stats): it writes what changed just before it writes
+                 anything to any worker, so an answer's request is counted there before
+                 the answer leaves; read under a sequence counter and the generation
+                 (shared_stats); gRPC's ModelStatistics likewise (grpc_front)
       any other: forwarded whole to the main app (ASGI), answered back in parts:
-                 statistics, model control, repository index, shared-memory
-                 registration and generate behave as one server's
+                 model control, repository index, shared-memory registration and
+                 generate behave as one server's
     client --gRPC--> worker i (native HTTP/2 engine on the gRPC port)
       ModelInfer: decoded in the worker (the main process's gRPC decoder and memo, same
                  conditions as HTTP's) -> arena + DECODED, as above; the outputs come
@@ -44,8 +50,9 @@ would load every model N times and split every batch N ways.
 
 The main process binds the port (one SO_REUSEPORT socket per worker, or one socket they
 share; the gRPC port likewise when gRPC is native and plaintext) and keeps the sockets,
-the models and the metrics port; statistics and
-metrics are counted once, there. A worker that dies is restarted on its socket (its
+the models and the metrics port; statistics and metrics are counted once, there. When it
+serves the gRPC port itself (TLS, grpcio) it answers infer requests there with no worker
+in between, so the workers forward statistics then (no table). A worker that dies is restarted on its socket (its
 requests in flight fail with their connections; nobody else's); SIGTERM drains the
 workers, then the main process. ``--http-workers 1`` (the default) is the server as it
 always was: no worker, no extra hop; ``--http-workers auto`` picks N from the cores
@@ -64,8 +71,8 @@ calls), ``grpc_link`` (the main process's side of them), ``worker`` (the worker 
 ``link`` (the main process's side of one worker), ``link_answers`` (how each request a
 worker hands over is answered), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every
-worker), ``local_answers`` (what a worker answers itself), ``send_windows`` (streamed
-responses paced across the link).
+worker), ``shared_stats`` (the statistics every worker reads), ``local_answers`` (what a
+worker answers itself), ``send_windows`` (streamed responses paced across the link).
 
 The connection limits (HTTP's and gRPC's) and the request-bytes budget hold server-wide (``shared_limits``: a
 row per process in shared memory, summed at each check). Streamed responses (a relayed
@@ -77,8 +84,8 @@ waits past 1 MiB for the stream or 32 MiB for the worker, as it waits on a slow 
 with one process; so a client that does not read makes its worker hold a bounded amount.
 
 Not yet: gRPC over TLS or on grpcio through the workers (the main process serves the
-gRPC port then, as with one process); statistics answered in the worker (forwarded, one
-hop).
+gRPC port then, as with one process); statistics of more than ``shared_stats.ROWS``
+served versions, or of a version with more batch sizes than a row holds (forwarded).
 """
 
 from nereid.frontends.supervisor import FrontEnds

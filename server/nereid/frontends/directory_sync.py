@@ -15,6 +15,10 @@ So each change also bumps a ``SharedGeneration`` (a counter in shared memory, wr
 before anything is confirmed), and each picture carries the generation it was taken at:
 a worker answers from its picture only while that is the shared generation, and forwards
 the request to the main process otherwise (``DirectoryCopy.current``).
+
+When the workers answer statistics too (shared_stats.py), each message also carries the
+row of the statistics table that holds each served version's figures (``stats_rows``),
+taken with the picture.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -70,11 +74,15 @@ class SharedGeneration:
 class DirectoryPublisher:
     """The main process's side: pictures of ``manager`` for every worker's link.
     ``start()`` follows the manager's changes, ``close()`` stops; ``join(index, link)``
-    sends a worker the whole picture, and the changes from then on."""
+    sends a worker the whole picture, and the changes from then on. ``stats_rows``: the
+    statistics rows of the versions the manager serves now (``StatsPublisher.sync``),
+    sent with each picture (None: the workers do not answer statistics)."""
 
-    def __init__(self, manager: ModelManager, generation: SharedGeneration) -> None:
+    def __init__(self, manager: ModelManager, generation: SharedGeneration,
+                 stats_rows: Callable[[], dict[tuple[str, int], int]] | None = None) -> None:
         self.manager = manager
         self.generation = generation
+        self.stats_rows = stats_rows
         #: each worker's link (frontends.link.WorkerLink: what is used of it is ``send``)
         self._links: dict[int, Any] = {}
         self._sent: Directory | None = None
@@ -93,7 +101,7 @@ class DirectoryPublisher:
         directory = Directory.of(self.manager)  # now: changes not yet published are in it
         if self._sent is None:
             self._sent = directory
-        link.send(_message(self.generation.read(), directory, directory.models, whole=True))
+        link.send(self._message(directory, directory.models, whole=True))
 
     def changed(self) -> None:
         """What the manager shows changed: workers stop answering from their pictures at
@@ -112,14 +120,15 @@ class DirectoryPublisher:
         }
         changes.update((name, None) for name in before if name not in directory.models)
         self._sent = directory
-        message = _message(self.generation.read(), directory, changes, whole=False)
+        message = self._message(directory, changes, whole=False)
         for link in self._links.values():
             link.send(message)
 
-
-def _message(generation: int, directory: Directory, models: Mapping[str, ModelFacts | None], *,
-             whole: bool) -> tuple[Any, ...]:
-    return (_DIRECTORY, generation, directory.ready, directory.ready_strict, dict(models), whole)
+    def _message(
+        self, directory: Directory, models: Mapping[str, ModelFacts | None], *, whole: bool,
+    ) -> tuple[Any, ...]:
+        rows = self.stats_rows() if self.stats_rows is not None else None
+        return (_DIRECTORY, self.generation.read(), directory.ready, directory.ready_strict, dict(models), whole, rows)
 
 
 class DirectoryCopy:
@@ -131,9 +140,12 @@ class DirectoryCopy:
         self.shared = generation
         self._generation = -1
         self._directory = Directory(False, False, {})
+        #: each served version's row in the statistics table (shared_stats.py), as of the
+        #: picture: empty when the workers do not answer statistics
+        self.stats_rows: Mapping[tuple[str, int], int] = {}
 
     def update(self, generation: int, ready: bool, ready_strict: bool, models: dict[str, ModelFacts | None],
-               whole: bool) -> None:
+               whole: bool, stats_rows: dict[tuple[str, int], int] | None = None) -> None:
         known = {} if whole else dict(self._directory.models)
         for name, facts in models.items():
             if facts is None:
@@ -141,6 +153,7 @@ class DirectoryCopy:
             else:
                 known[name] = facts
         self._directory = Directory(ready, ready_strict, known)
+        self.stats_rows = stats_rows if stats_rows is not None else {}
         self._generation = generation
 
     def current(self) -> Directory | None:

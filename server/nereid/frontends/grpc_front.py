@@ -6,7 +6,9 @@ and that needs nothing the main process holds (no version named, no client share
 memory, no BYTES tensors, no sequence) is decoded here with the main process's gRPC
 decoder and memo (``infer_messages``, ``InferMemo``), its tensors laid out in the arena
 and sent as a DECODED message, exactly as HTTP's; its outputs come back as RESULTS and
-are encoded here into the ModelInferResponse. Every other call -- the other unary RPCs,
+are encoded here into the ModelInferResponse. ModelStatistics is answered here from the
+figures the main process publishes (shared_stats.py; relayed when they cannot tell).
+Every other call -- the other unary RPCs,
 ModelStreamInfer, a ModelInfer this cannot decode, and every call of a restricted group
 -- is relayed whole to the main process's gRPC server (grpc_link.py): its headers, each
 message, its end or reset; and back its response message(s) and status. A streamed
@@ -36,13 +38,14 @@ from nereid.frontends.directory_sync import DirectoryCopy
 from nereid.frontends.forwarding import MainLink, _InferCall
 from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits
+from nereid.frontends.shared_stats import StatisticsCopy
 from nereid.grpc.h2.calls import Status
 from nereid.grpc.h2.connection import GrpcConnection
 from nereid.grpc.h2.stream import GrpcStream, StreamState
 from nereid.grpc.infer import GrpcModelTables, status_of
 from nereid.grpc.infer_messages import decode_request, encode_response
 from nereid.grpc.native import NativeGrpcServer
-from nereid.grpc.service import METHOD_GROUPS, InferenceService
+from nereid.grpc.service import METHOD_GROUPS, InferenceService, statistics_response
 from nereid.inference import InferRequest
 from nereid.network.access import restriction_table
 from nereid.network.request_budget import RequestBudget
@@ -55,6 +58,7 @@ _log = logging.getLogger("nereid")
 _SERVICE = "/inference.GRPCInferenceService/"
 _MODEL_INFER = f"{_SERVICE}ModelInfer".encode()
 _STREAM_INFER = f"{_SERVICE}ModelStreamInfer".encode()
+_MODEL_STATISTICS = f"{_SERVICE}ModelStatistics".encode()
 _MAIN_GONE = "the server's main process is gone (it is restarting or stopping)"
 
 _DECODED, _MODEL, _FORGET = Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value
@@ -234,6 +238,11 @@ class GrpcMainLink(MainLink):
             self.send((_MESSAGE, call.id, data))
             self.send((_END, call.id, model_name))
 
+    def relay_request(self, call: _GrpcCall, data: bytes) -> None:
+        """A unary call whose request is in, relayed whole (this worker does not answer it)."""
+        call.data = data
+        self._relay(call)
+
     def _send_decoded_grpc(self, call: _GrpcCall, token: int, template: tuple[Any, ...], offset: int) -> None:
         number, whole = self._numbered(template)
         self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns, True))
@@ -361,14 +370,70 @@ class WorkerModelInfer:
         self._link.reset_call(call)
 
 
+class WorkerModelStatistics:
+    """ModelStatistics' calls in the worker (a CallHandler routed by ``:path``): answered
+    from the figures the main process publishes (``statistics``), with its own code
+    (``statistics_response``), or relayed when those cannot tell (``StatisticsCopy.read``)."""
+
+    def __init__(self, link: GrpcMainLink, statistics: StatisticsCopy) -> None:
+        self._link = link
+        self._statistics = statistics
+
+    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        stream.call = _GrpcCall(self._link, connection, stream)
+
+    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None:
+            return
+        if call.state is CallState.RELAYED:
+            self._link.send((_MESSAGE, call.id, data))
+        elif call.data is None:
+            call.data = data
+        else:
+            call.end(Status.UNIMPLEMENTED, "More than one request message in a unary call")
+
+    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None or call.state is not CallState.RECEIVING:
+            return
+        data, call.data = call.data, None
+        if data is None:
+            call.end(Status.UNIMPLEMENTED, "No request message in a unary call")
+            return
+        try:
+            request = service_pb2.ModelStatisticsRequest.FromString(data)
+        except DecodeError:
+            request = None
+        picture = self._statistics.read(request.name or None) if request is not None else None
+        if picture is None:  # the main process answers it (a bad message too, in its words)
+            self._link.relay_request(call, data)
+            return
+        try:
+            response = statistics_response(picture, request).SerializeToString()
+        except NereidError as exc:
+            call.end(status_of(exc).value[0], exc.message)
+            return
+        stream.call = None
+        connection.respond(stream, response)
+
+    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
+        call: _GrpcCall | None = stream.call
+        if call is None:
+            return
+        stream.call = None
+        self._link.reset_call(call)
+
+
 class WorkerGrpcServer(NativeGrpcServer):
     """The worker's gRPC server: the native engine's connections, limits, keep-alive and
-    deadlines, with ModelInfer routed to ``WorkerModelInfer`` (unless its group is
-    restricted: the main process checks the key) and every other call relayed."""
+    deadlines, with ModelInfer routed to ``WorkerModelInfer`` and (given ``statistics``)
+    ModelStatistics to ``WorkerModelStatistics`` (unless their group is restricted: the
+    main process checks the key) and every other call relayed."""
 
     def __init__(
         self, link: GrpcMainLink, options: ServerOptions, budget: RequestBudget, shared: SharedLimits | None = None,
-        index: int = 0,
+        index: int = 0, statistics: StatisticsCopy | None = None,
     ) -> None:
         super().__init__(cast(InferenceService, None), options, budget=budget)
         self._link = link
@@ -378,7 +443,9 @@ class WorkerGrpcServer(NativeGrpcServer):
             self.connections = CountedConnections(shared, index, grpc=True)
         restrictions = restriction_table(options.grpc_restricted_protocol, "--grpc-restricted-protocol")
         restricted = METHOD_GROUPS["ModelInfer"] in restrictions
-        self.routes = {} if restricted else {_MODEL_INFER: WorkerModelInfer(link)}
+        self.routes: dict[bytes, Any] = {} if restricted else {_MODEL_INFER: WorkerModelInfer(link)}
+        if statistics is not None and METHOD_GROUPS["ModelStatistics"] not in restrictions:
+            self.routes[_MODEL_STATISTICS] = WorkerModelStatistics(link, statistics)
 
     def open_connections(self) -> int:
         return self._shared.grpc_connections() if self._shared is not None else len(self.connections)

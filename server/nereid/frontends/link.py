@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
@@ -84,12 +84,20 @@ class WorkerLink(asyncio.Protocol):
         self._answered: list[tuple[int, int, dict[str, Any]]] = []
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
+        #: called before anything is written to the worker (``StatsPublisher.publish``:
+        #: what an answer counted is in the shared statistics before it leaves)
+        self.before_write: Callable[[], None] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
-        self._outbox = Outbox(transport.write, self._loop.call_soon)
+        self._outbox = Outbox(self._write if self.before_write is not None else transport.write, self._loop.call_soon)
+
+    def _write(self, data: bytes) -> None:
+        assert self.before_write is not None
+        self.before_write()
+        self._transport.write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The worker is gone: its requests are withdrawn (their clients' connections went

@@ -27,6 +27,7 @@ from nereid.frontends.directory_sync import DirectoryPublisher, SharedGeneration
 from nereid.frontends.link import WorkerLink
 from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import SharedLimits
+from nereid.frontends.shared_stats import StatsPublisher, StatsTable
 from nereid.http.app import NereidApp
 from nereid.network.listening import listen
 from nereid.network.tls import TlsFiles
@@ -57,12 +58,15 @@ class FrontEnds:
     app, whose lifespan ``state`` forwarded requests see). ``await start()`` binds and
     starts them (raises StartupError when the port cannot be bound); ``await stop()``
     lets them drain and waits for them (killing those past ``exit_timeout_secs``).
-    ``tls``: they serve HTTPS with these settings (each worker reads the files)."""
+    ``tls``: they serve HTTPS with these settings (each worker reads the files).
+    ``statistics``: the workers answer statistics themselves (shared_stats.py); only when
+    every answer leaves through them (not when this process serves the gRPC port)."""
 
     def __init__(
         self, app: NereidApp, options: ServerOptions, state: dict[str, Any], count: int, limits: SharedLimits,
         tls: TlsFiles | None = None,
         grpc_server: Any = None,
+        statistics: bool = False,
     ) -> None:
         self.app = app
         #: the main process's NativeGrpcServer (listening on no port) when the workers
@@ -85,7 +89,11 @@ class FrontEnds:
         self._past_requests = [0] * count
         #: what the models show, kept in every worker (health, metadata, config)
         self._generation = SharedGeneration.create()
-        self.directory = DirectoryPublisher(app.endpoints.manager, self._generation)
+        manager = app.endpoints.manager
+        #: every served version's statistics, kept in shared memory for the workers
+        self.statistics = StatsPublisher(manager, StatsTable.create()) if statistics else None
+        self.directory = DirectoryPublisher(
+            manager, self._generation, self.statistics.sync if self.statistics is not None else None)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -151,6 +159,7 @@ class FrontEnds:
         ours, theirs = socket.socketpair()
         fds = (listener.fileno(), theirs.fileno(), arena.fd)
         generation = self._generation.fd
+        stats_fd = self.statistics.table.fd if self.statistics is not None else -1
         grpc_fd = self._grpc_sockets[index % len(self._grpc_sockets)].fileno() if self._grpc_sockets else -1
         self.limits.clear(index)  # what a worker before it held went with it
         # the worker imports nereid from where this process did, whatever its sys.path
@@ -160,8 +169,8 @@ class FrontEnds:
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _WORKER_COMMAND, *(str(fd) for fd in fds), str(arena.size),
-                str(self.limits.fd), str(self.limits.rows), str(generation), str(grpc_fd),
-                pass_fds=(*fds, self.limits.fd, generation, *((grpc_fd,) if grpc_fd >= 0 else ())),
+                str(self.limits.fd), str(self.limits.rows), str(generation), str(grpc_fd), str(stats_fd),
+                pass_fds=(*fds, self.limits.fd, generation, *(fd for fd in (grpc_fd, stats_fd) if fd >= 0)),
                 stdin=asyncio.subprocess.DEVNULL, env=env,
             )
         finally:
@@ -180,9 +189,13 @@ class FrontEnds:
 
     def _link(self, arena: Arena, index: int) -> WorkerLink:
         if self.grpc_server is None:
-            return WorkerLink(self.app, arena, self._state, index)
-        from nereid.frontends.grpc_link import GrpcWorkerLink  # gRPC's modules load only when serving gRPC
-        return GrpcWorkerLink(self.app, arena, self._state, index, self.grpc_server)
+            link = WorkerLink(self.app, arena, self._state, index)
+        else:
+            from nereid.frontends.grpc_link import GrpcWorkerLink  # gRPC's modules load only when serving gRPC
+            link = GrpcWorkerLink(self.app, arena, self._state, index, self.grpc_server)
+        if self.statistics is not None:
+            link.before_write = self.statistics.publish
+        return link
 
     async def _watch(self, index: int) -> None:
         """Restart worker ``index`` whenever it exits before the server stops."""
@@ -234,6 +247,8 @@ class FrontEnds:
             sock.close()
         self.directory.close()
         self._generation.close()
+        if self.statistics is not None:
+            self.statistics.table.close()
         _log.info("HTTP front-end workers stopped; requests through each: %s (decoded there: %s)",
                   ", ".join(str(count) for count in self.requests()),
                   ", ".join(str(worker.link.decoded) for worker in workers))

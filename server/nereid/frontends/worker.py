@@ -5,11 +5,13 @@ grpc_front.py). Started and restarted by supervisor.py; runs no model code.
 
 Its command line (supervisor.py writes it): listening socket, link socket and arena file
 descriptors, the arena's size, the shared limits' descriptor and row count, and the
-shared generation's descriptor (directory_sync.py). The server's options (and its HTTPS
+shared generation's descriptor (directory_sync.py), the gRPC socket's and the statistics
+table's (shared_stats.py; -1: none). The server's options (and its HTTPS
 settings, when it serves HTTPS) come as the link's first message; with HTTPS the worker
 reads the certificates itself and wraps its connections as the single-process server
 does (network/tls.py), and reads them again on SIGHUP (the main process passes its own
-SIGHUP on). Health, metadata and config it answers itself (local_answers.py). It stops on
+SIGHUP on). Health, metadata, config and (with the table) statistics it answers itself
+(local_answers.py; gRPC's ModelStatistics: grpc_front.py). It stops on
 STOP (draining its connections), on SIGTERM the same way, and when the main process goes
 away; SIGINT is the main process's to handle.
 """
@@ -28,6 +30,7 @@ from nereid.frontends.arena import Arena
 from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.forwarding import MainLink, WorkerApp
 from nereid.frontends.local_answers import LocalAnswers
+from nereid.frontends.shared_stats import StatisticsCopy, StatsTable
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits, SharedRequestBudget
 from nereid.http.app import NereidApp
 from nereid.http.h1.limits import ConnectionLimits
@@ -53,8 +56,8 @@ class _WorkerServer(NativeServer):
 
 def main(argv: list[str] | None = None) -> None:
     """The worker's entry point:
-    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd, grpc_fd])``
-    (grpc_fd -1: the main process serves gRPC itself)."""
+    ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd, grpc_fd, stats_fd])``
+    (grpc_fd -1: the main process serves gRPC itself; stats_fd -1: it answers statistics)."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop handles it: a reload must not end the worker
@@ -68,11 +71,12 @@ def main(argv: list[str] | None = None) -> None:
 
 async def _serve(
     listen_fd: int, link_fd: int, arena_fd: int, arena_size: int, limits_fd: int, rows: int, generation_fd: int,
-    grpc_fd: int = -1,
+    grpc_fd: int = -1, stats_fd: int = -1,
 ) -> None:
     loop = asyncio.get_running_loop()
     arena = Arena.attach(arena_fd, arena_size)
     directory = DirectoryCopy(SharedGeneration.attach(generation_fd))
+    statistics = StatisticsCopy(StatsTable.attach(stats_fd), directory) if stats_fd >= 0 else None
     link_type = MainLink
     if grpc_fd >= 0:  # gRPC's modules load only when serving gRPC
         from nereid.frontends.grpc_front import GrpcMainLink
@@ -90,7 +94,7 @@ async def _serve(
     loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
     link.max_json_size = options.http_max_input_size
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
-    app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options))
+    app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options, statistics))
     shared = SharedLimits.attach(limits_fd, rows)
     budget = SharedRequestBudget(options.max_request_bytes_in_flight, shared, index)
     server = _WorkerServer(
@@ -105,7 +109,7 @@ async def _serve(
     if grpc_fd >= 0:
         from nereid.frontends.grpc_front import GrpcMainLink, WorkerGrpcServer
         assert isinstance(link, GrpcMainLink)
-        grpc_server = WorkerGrpcServer(link, options, budget, shared, index)
+        grpc_server = WorkerGrpcServer(link, options, budget, shared, index, statistics)
         await grpc_server.start(socket.socket(fileno=grpc_fd))
     _log.debug("HTTP front-end worker %d serving%s", index, " (and gRPC)" if grpc_server is not None else "")
     stopping = asyncio.create_task(_stop_grpc(grpc_server, link.stopped, options)) if grpc_server else None

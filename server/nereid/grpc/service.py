@@ -27,11 +27,12 @@ from nereid.grpc.infer import ModelInfer, status_of
 from nereid.grpc.infer_messages import decode_request, encode_response
 from nereid.log import LogSettings, apply_log_settings, log_settings
 from nereid.models import admin
+from nereid.models.directory import StatsSource
 from nereid.models.manager import ModelManager, ServingModel
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
 
-__all__ = ["AbortContext", "CallAborted", "InferenceService", "METHOD_GROUPS"]
+__all__ = ["AbortContext", "CallAborted", "InferenceService", "METHOD_GROUPS", "statistics_response"]
 
 #: The restricted group (--grpc-restricted-protocol) of each RPC, as Triton groups them.
 METHOD_GROUPS = {
@@ -79,6 +80,16 @@ class AbortContext:
 
 async def _abort(context: grpc.aio.ServicerContext, error: NereidError) -> Any:
     await context.abort(status_of(error), error.message)
+
+
+def statistics_response(source: StatsSource, request: Any) -> Any:
+    """The ModelStatisticsResponse to ``request`` from ``source`` (the manager, or a
+    front-end worker's picture of its figures); NereidError: the call fails with it."""
+    stats = admin.model_statistics(source, request.name or None, request.version)
+    for entry in stats["model_stats"]:
+        entry.pop("instance_restarts", None)  # nereid's, not in Triton's message
+        entry.pop("scheduling", None)  # nereid's too
+    return _json_message(stats, service_pb2.ModelStatisticsResponse())
 
 
 def _json_message(obj: Any, message: Any) -> Any:
@@ -137,13 +148,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         try:
-            stats = admin.model_statistics(self.manager, request.name or None, request.version)
+            return statistics_response(self.manager, request)
         except NereidError as exc:
             return await _abort(context, exc)
-        for entry in stats["model_stats"]:
-            entry.pop("instance_restarts", None)  # nereid's, not in Triton's message
-            entry.pop("scheduling", None)  # nereid's too
-        return _json_message(stats, service_pb2.ModelStatisticsResponse())
 
     # -- repository --------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
 
-__all__ = ["create_app", "infer_route", "lookup_rows", "NereidApp", "SHADOWING_PATHS"]
+__all__ = ["create_app", "infer_route", "lookup_rows", "NereidApp", "SHADOWING_PATHS", "statistics_rows"]
 
 _log = logging.getLogger("nereid")
 
@@ -152,7 +152,7 @@ def _route_rows(e: Endpoints, ops: Operations, manager: ModelManager, options: S
     """Every route but the infer fast path (NereidApp takes that one first)."""
     repository = "model-repository"
     return [
-        ("/v2/models/stats", e.all_stats, "statistics", _GET),  # before /v2/models/{name}
+        *statistics_rows(e),  # first: /v2/models/stats before /v2/models/{name}
         *lookup_rows(e),
         *_model_rows(e, manager, options),
         ("/v2/repository/index", e.repository_index, repository, _POST),
@@ -168,9 +168,19 @@ def _route_rows(e: Endpoints, ops: Operations, manager: ModelManager, options: S
     ]
 
 
-#: The paths of the routes whose answers take more than what the models show, and that a
-#: lookup route's path would also match (front-end workers forward these).
+#: The paths of the statistics routes that a lookup route's path would also match (a
+#: front-end worker that does not answer statistics itself forwards these).
 SHADOWING_PATHS = frozenset({"/v2/models/stats"})
+
+
+def statistics_rows(e: Lookups) -> list[_RouteRow]:
+    """The statistics routes: every model's, a model's, one version's. A front-end worker
+    answers these itself from the figures the main process publishes (frontends/shared_stats.py)."""
+    return [
+        ("/v2/models/stats", e.all_stats, "statistics", _GET),
+        (_MODEL + "/stats", e.model_stats, "statistics", _GET),
+        (_MODEL + "/versions/{version:int}/stats", e.model_stats, "statistics", _GET),
+    ]
 
 
 def lookup_rows(e: Lookups) -> list[_RouteRow]:
@@ -196,7 +206,6 @@ def _model_rows(e: Endpoints, manager: ModelManager, options: ServerOptions) -> 
     """Each model route but the lookups, for the model and for one of its versions."""
     rows: list[_RouteRow] = []
     for tail, handler, group, methods in (
-        ("/stats", e.model_stats, "statistics", _GET),
         ("/infer", _method_not_allowed, "inference", _POST),
         # Raw ASGI apps (GenerateHandler instances): /generate_stream answers server-sent events.
         ("/generate", GenerateHandler(manager, options, stream=False), "inference", _POST),

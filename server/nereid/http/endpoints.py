@@ -20,7 +20,7 @@ from nereid.models import admin
 from nereid.errors import InvalidInputError, MalformedRequestError, ModelLoadError, NereidError
 from nereid.http.errors import error_json, status_for
 from nereid.http.infer import InferEndpoint, InferHeaders, Responder
-from nereid.models.directory import Lookup
+from nereid.models.directory import Lookup, StatsSource
 from nereid.models.manager import ModelManager
 from nereid.options import ServerOptions
 from nereid.tensors.shared_memory import SharedMemoryManager
@@ -31,8 +31,9 @@ _log = logging.getLogger("nereid")
 
 
 _JSON = "application/json"
-#: what an admin look-up reads: the manager, or (health, metadata, config) a Lookup
-_Source = TypeVar("_Source", ModelManager, Lookup)
+#: what an admin look-up reads: the manager, or (health, metadata, config) a Lookup, or
+#: (statistics) a StatsSource
+_Source = TypeVar("_Source", ModelManager, Lookup, StatsSource)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -49,12 +50,14 @@ def empty_response(status: int = 200) -> Response:
 
 class Lookups:
     """The handlers answered from what the models show, nothing else: health, server and
-    model metadata, model config. ``models`` is the ModelManager, or a front-end worker's
-    picture of it (``models.directory``), and the answers are the same bytes either way."""
+    model metadata, model config, and statistics. ``models`` is the ModelManager, or a
+    front-end worker's picture of it (``models.directory``); ``statistics`` the manager, or
+    a worker's picture of the figures; the answers are the same bytes either way."""
 
-    def __init__(self, models: Lookup, options: ServerOptions) -> None:
+    def __init__(self, models: Lookup, options: ServerOptions, statistics: StatsSource) -> None:
         self.models = models
         self.options = options
+        self.statistics = statistics
 
     async def health_live(self, request: Request) -> Response:
         return empty_response(200)
@@ -81,6 +84,12 @@ class Lookups:
     async def model_config(self, request: Request) -> Response:
         return _about_model(admin.model_config, self.models, request)
 
+    async def all_stats(self, request: Request) -> Response:
+        return json_response(admin.model_statistics(self.statistics, None, None))
+
+    async def model_stats(self, request: Request) -> Response:
+        return _about_model(admin.model_statistics, self.statistics, request)
+
 
 def _about_model(
     about: Callable[[_Source, str, str | int | None], dict[str, Any]], source: _Source, request: Request
@@ -101,21 +110,13 @@ class Endpoints(Lookups):
     def __init__(
         self, manager: ModelManager, options: ServerOptions, shm: SharedMemoryManager | None = None
     ) -> None:
-        super().__init__(manager, options)
+        super().__init__(manager, options, manager)
         self.manager = manager
         self._shm = shm if shm is not None else SharedMemoryManager()
         self.infer_endpoint = InferEndpoint(manager, options, self._shm)
         #: POST .../infer for the ASGI engines, and for the native engine (see infer.py).
         self.infer = self.infer_endpoint.asgi
         self.start_infer = self.infer_endpoint.start
-
-    # -- statistics ----------------------------------------------------------------------
-
-    async def all_stats(self, request: Request) -> Response:
-        return json_response(admin.model_statistics(self.manager, None, None))
-
-    async def model_stats(self, request: Request) -> Response:
-        return _about_model(admin.model_statistics, self.manager, request)
 
     # -- repository ----------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 from nereid import __version__
 from nereid.config import config_from_triton_json
 from nereid.errors import InvalidInputError, ModelNotFoundError, UnavailableError, UnsupportedError
-from nereid.models.directory import Lookup
-from nereid.models.manager import ModelManager, ServingModel
+from nereid.models.directory import Counted, Lookup, StatsSource
+from nereid.models.manager import ModelManager
 from nereid.repository.scan import check_model_name
 
 __all__ = [
@@ -108,12 +108,13 @@ def model_config(manager: Lookup, name: str, version: str | int | None) -> dict[
     return manager.get(name, parse_version(version)).config_json
 
 
-def model_statistics(manager: ModelManager, name: str | None, version: str | int | None) -> dict[str, Any]:
-    """Triton's statistics for every served version (no name), a model's versions, or one."""
+def model_statistics(source: StatsSource, name: str | None, version: str | int | None) -> dict[str, Any]:
+    """Triton's statistics for every served version (no name), a model's versions, or one,
+    from ``source``: the ModelManager, or a picture of its figures (the same answer)."""
     if not name:
-        return {"model_stats": [_stats(s) for s in manager.serving_models()]}
+        return {"model_stats": [_stats(s) for s in source.serving_models()]}
     number = parse_version(version)
-    versions = manager.model_versions(name)
+    versions = source.model_versions(name)
     if not versions:
         raise InvalidInputError(f"requested model '{name}' is not available")
     if number is not None:
@@ -123,7 +124,7 @@ def model_statistics(manager: ModelManager, name: str | None, version: str | int
     return {"model_stats": [_stats(s) for s in versions]}
 
 
-def _stats(serving: ServingModel) -> dict[str, Any]:
+def _stats(serving: Counted) -> dict[str, Any]:
     """A version's entry of Triton's statistics, with nereid's ``scheduling`` figures
     (where the time between batches goes); a model with process instances also says how
     often they were restarted (``instance_restarts``, nereid's)."""

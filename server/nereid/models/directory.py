@@ -8,6 +8,10 @@ Directory another. A Directory holds, per model the manager knows, the READY ver
 reasons the index gives, so ``get`` raises the same error with the same words
 (``states.not_serving_error``); it is made of plain records that pickle. Knows no HTTP
 and no processes.
+
+``StatsSource`` is what the statistics answers read (``models.admin.model_statistics``):
+the ModelManager, or a ``StatisticsPicture`` of its served versions' figures taken away
+from it (a front-end worker's, read from shared memory).
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from nereid.config.schema import ModelConfig
 from nereid.errors import NereidError
 from nereid.models.manager import ModelManager
 from nereid.models.states import not_serving_error
+from nereid.stats import ModelStats
 
-__all__ = ["Directory", "Lookup", "ModelFacts", "Served", "VersionFacts"]
+__all__ = [
+    "Counted", "Directory", "Lookup", "ModelFacts", "Served", "StatisticsPicture", "StatsSource", "VersionFacts",
+    "VersionStatistics",
+]
 
 
 class Served(Protocol):
@@ -42,6 +50,52 @@ class Lookup(Protocol):
     def get(self, name: str, version: int | None = None) -> Served: ...
     def model_versions(self, name: str) -> Sequence[Served]: ...
     def is_ready(self, strict: bool = True) -> bool: ...
+
+
+class Counted(Protocol):
+    """A READY version as the statistics answers read it (a ServingModel, or VersionStatistics)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def stats(self) -> ModelStats: ...
+    @property
+    def has_process_instances(self) -> bool: ...
+    @property
+    def restarts(self) -> int: ...
+
+
+class StatsSource(Protocol):
+    """What the statistics answers read: ModelManager or StatisticsPicture."""
+
+    def serving_models(self) -> Sequence[Counted]: ...
+    def model_versions(self, name: str) -> Sequence[Counted]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatistics:
+    """A READY version's statistics at one moment: its figures, and how often its process
+    instances were restarted (``has_process_instances`` False: it has none)."""
+
+    version: int
+    stats: ModelStats
+    has_process_instances: bool
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticsPicture:
+    """The statistics of READY versions, by model name (each model's versions lowest
+    first): ``serving_models`` and ``model_versions`` answer as the manager's own do, for
+    the models the picture holds."""
+
+    models: Mapping[str, Sequence[VersionStatistics]]
+
+    def serving_models(self) -> list[VersionStatistics]:
+        return [served for name in sorted(self.models) for served in self.models[name]]
+
+    def model_versions(self, name: str) -> list[VersionStatistics]:
+        return list(self.models.get(name, ()))
 
 
 @dataclass(frozen=True, slots=True)

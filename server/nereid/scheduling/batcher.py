@@ -304,7 +304,7 @@ class DynamicBatcher(BatcherLifecycle):
             batch = await self._next_batch()
             if batch is None:
                 return
-            self.stats.formation.add(self._formation_ns)
+            self.stats.record_formation(self._formation_ns)
             self._executing += 1
             try:
                 await self._execution.execute_stream(instance, batch)

@@ -261,7 +261,7 @@ class Answers:
                 stats.record_failure(begun - pending.received_ns, "BACKEND")
             else:
                 self.fail(pending, error, "BACKEND")
-        stats.answer.add(self.clock() - begun)
+        stats.record_answer(self.clock() - begun)
 
     def batch(self, batch: tuple[Pending, ...], started: int, outputs: Sequence[Any], compute: tuple[int, int, int],
               scheduling: tuple[int, int | None, int] | None) -> None:
@@ -295,4 +295,4 @@ class Answers:
                 answer.set_result(output)
             else:
                 order.answer(pending, True, output)
-        stats.answer.add(self.clock() - begun)
+        stats.record_answer(self.clock() - begun)

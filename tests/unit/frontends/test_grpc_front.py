@@ -268,4 +268,69 @@ def test_a_relayed_streams_answers_are_given_back_once_its_client_let_them_out()
         assert [message for message in transport.sent if message[0] == Kind.CREDIT] == credits  # ended: nothing owed
         assert not link._draining
 
+
+_STATISTICS = b"/inference.GRPCInferenceService/ModelStatistics"
+
+
+def test_model_statistics_is_answered_here_from_the_shared_figures_or_relayed() -> None:
+    from nereid.frontends.shared_stats import StatisticsCopy, StatsTable
+    from nereid.models.directory import ModelFacts, VersionFacts
+    from nereid.stats import ModelStats
+
+    stats = ModelStats("acc", 1)
+    stats.record_batch(2, 500, [10, 20], (1, 2, 3), None)
+
+    async def main() -> None:
+        arena, generation, table = Arena.create(1 << 16), SharedGeneration.create(), StatsTable.create()
+        copy = DirectoryCopy(generation)
+        facts = ModelFacts({1: VersionFacts(1, CONFIG, {}, None, True)}, frozenset({1}), "", {})
+        copy.update(generation.read(), True, True, {"acc": facts}, True, {("acc", 1): 5})
+        table.begin()
+        table.write(5, -1, stats.counters())
+        table.end()
+        link = GrpcMainLink(arena, copy)
+        transport = FakeTransport()
+        link.connection_made(transport)
+        server = WorkerGrpcServer(link, ServerOptions(), RequestBudget(1 << 30), statistics=StatisticsCopy(table, copy))
+        connection = Connection()
+        try:
+            _call(server, connection, 1, _STATISTICS, service_pb2.ModelStatisticsRequest(name="acc").SerializeToString())
+            _call(server, connection, 3, _STATISTICS, service_pb2.ModelStatisticsRequest(name="gone").SerializeToString())
+            generation.bump()  # a change: this picture may be out of date
+            asked = service_pb2.ModelStatisticsRequest(name="acc").SerializeToString()
+            _call(server, connection, 5, _STATISTICS, asked)
+            await next_turn()
+            (answered, refused) = connection.events
+            response = service_pb2.ModelStatisticsResponse.FromString(answered[2])
+            assert answered[:2] == ("respond", 1)
+            assert (response.model_stats[0].name, response.model_stats[0].version) == ("acc", "1")
+            assert response.model_stats[0].inference_stats.success.count == 2
+            assert response.model_stats[0].batch_stats[0].batch_size == 2
+            assert refused == ("finish", 3, 3, "requested model 'gone' is not available")  # INVALID_ARGUMENT
+            (opened, message, end) = transport.sent  # the third: relayed whole
+            assert opened[2][b":path"] == _STATISTICS and message[2] == asked and end[0] == Kind.GRPC_END
+        finally:
+            arena.close()
+            table.close()
+            generation.close()
+
+    asyncio.run(main())
+
+
+def test_model_statistics_is_relayed_without_shared_figures_or_when_restricted() -> None:
+    from nereid.frontends.shared_stats import StatisticsCopy, StatsTable
+    from nereid.network.access import parse_restriction
+
+    restricted = ServerOptions(grpc_restricted_protocol=(parse_restriction("statistics:key=value"),))
+
+    async def test(link: GrpcMainLink, server: WorkerGrpcServer, transport: FakeTransport, arena: Arena) -> None:
+        assert _STATISTICS not in server.routes  # no shared figures
+        table = StatsTable.create()
+        try:
+            statistics = StatisticsCopy(table, link.directory)
+            assert _STATISTICS in WorkerGrpcServer(link, ServerOptions(), RequestBudget(1), statistics=statistics).routes
+            assert _STATISTICS not in WorkerGrpcServer(link, restricted, RequestBudget(1), statistics=statistics).routes
+        finally:
+            table.close()
+
     run(test)

@@ -12,6 +12,7 @@ import pytest
 
 from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.local_answers import LocalAnswers
+from nereid.frontends.shared_stats import StatisticsCopy, StatsPublisher, StatsTable
 from nereid.http.app import create_app
 from nereid.models.directory import Directory
 from nereid.models.manager import ModelManager
@@ -46,7 +47,8 @@ class Sent(list[dict[str, Any]]):
         self.append(message)
 
 
-def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None, *, timed: bool = False) -> None:
+def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None, *, timed: bool = False,
+        statistics: bool = False) -> None:
     repo.add("m", ALL_VERSIONS, version=1)
     repo.add("gone", IDENTITY_CONFIG)
     repo.add("broken", "max_batch_size = 'eight'\n")
@@ -61,12 +63,18 @@ def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None, 
         generation = SharedGeneration.create()
         copy = DirectoryCopy(SharedGeneration.attach(os.dup(generation.fd)))
         directory = Directory.of(manager)
-        copy.update(generation.read(), directory.ready, directory.ready_strict, dict(directory.models), True)
+        publisher = StatsPublisher(manager, StatsTable.create()) if statistics else None
+        rows = publisher.sync() if publisher is not None else None
+        copy.update(generation.read(), directory.ready, directory.ready_strict, dict(directory.models), True, rows)
+        shared = StatisticsCopy(StatsTable.attach(os.dup(publisher.table.fd)), copy) if publisher else None
         try:
-            await scenario(create_app(manager, options), LocalAnswers(copy, options), generation)
+            await scenario(create_app(manager, options), LocalAnswers(copy, options, shared), generation)
         finally:
             await manager.aclose()
             generation.close()
+            if publisher is not None and shared is not None:
+                publisher.table.close()
+                shared.table.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -81,6 +89,37 @@ def test_lookups_are_answered_with_the_main_apps_exact_messages(repo: RepoBuilde
         assert local.answered == len(LOOKUPS)
 
     run(repo, scenario)
+
+
+#: every statistics route, with known and unknown models and versions, and bad versions
+STATISTICS = [
+    "/v2/models/stats", "/v2/models/m/stats", "/v2/models/m/versions/1/stats", "/v2/models/m/versions/9/stats",
+    "/v2/models/m/versions/99999999999999999999/stats", "/v2/models/broken/stats", "/v2/models/gone/stats",
+    "/v2/models/nothing/versions/1/stats", "/v2/models/stats/stats",
+]
+
+
+def test_statistics_are_answered_with_the_main_apps_exact_messages(repo: RepoBuilder) -> None:
+    async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
+        for path in STATISTICS:
+            main, here = Sent(), Sent()
+            await app(scope(path), no_body, main)
+            assert await local.answer(scope(path), here), path
+            assert here == main, path
+        assert local.answered == len(STATISTICS)
+
+    run(repo, scenario, statistics=True)
+
+
+def test_restricted_statistics_are_left_to_the_main_app(repo: RepoBuilder) -> None:
+    options = ServerOptions(model_repository=repo.root, http_restricted_api=(parse_restriction("statistics:key=secret"),))
+
+    async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
+        for path in ("/v2/models/stats", "/v2/models/m/stats", "/v2/models/m/versions/1/stats"):
+            assert not await local.answer(scope(path), Sent()), path
+        assert await local.answer(scope("/v2/models/m"), Sent())
+
+    run(repo, scenario, options, statistics=True)
 
 
 @pytest.mark.parametrize(("method", "path"), [
