@@ -67,7 +67,8 @@ Modules: ``arena`` (the shared region and its ring), ``messages`` (control messa
 their framing), ``layout`` (tensors side by side in an arena block), ``decoding`` (infer
 requests decoded and answers encoded in the worker), ``forwarding`` (the worker's side of
 the link and the app its engine serves), ``grpc_front`` (the worker's gRPC server and
-calls), ``grpc_link`` (the main process's side of them), ``worker`` (the worker process),
+its link), ``grpc_calls`` (its calls: ModelInfer decoded, ModelStatistics answered),
+``grpc_link`` (the main process's side of them), ``worker`` (the worker process),
 ``link`` (the main process's side of one worker), ``link_answers`` (how each request a
 worker hands over is answered), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every

@@ -15,51 +15,43 @@ message, its end or reset; and back its response message(s) and status. A stream
 call's request messages hold the client's window here until the main process has taken
 them (GRPC_TAKEN); its response messages are given back (CREDIT, send_windows.py) once
 the client's window let them out, so the main process's writer waits for a client that
-does not read as it would with one process.
+does not read as it would with one process. The calls' own objects and the handlers of
+the calls taken here are in grpc_calls.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import logging
-import time
-from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from nereid.config.schema import ModelConfig
-from nereid.errors import NereidError
 from nereid.frontends.arena import Arena
-from nereid.frontends.decoding import Decoded, decoded_for_main, lay_out
+from nereid.frontends.decoding import lay_out
 from nereid.frontends.directory_sync import DirectoryCopy
 from nereid.frontends.forwarding import MainLink, _InferCall
+from nereid.frontends.grpc_calls import (
+    MAIN_GONE, CallState, GrpcAnnounced, WorkerGrpcCall, WorkerModelInfer, WorkerModelStatistics, decode,
+)
 from nereid.frontends.messages import Kind
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits
 from nereid.frontends.shared_stats import StatisticsCopy
 from nereid.grpc.h2.calls import Status
 from nereid.grpc.h2.connection import GrpcConnection
 from nereid.grpc.h2.stream import GrpcStream, StreamState
-from nereid.grpc.infer import GrpcModelTables, status_of
-from nereid.grpc.infer_messages import decode_request, encode_response
 from nereid.grpc.native import NativeGrpcServer
-from nereid.grpc.service import METHOD_GROUPS, InferenceService, statistics_response
-from nereid.inference import InferRequest
+from nereid.grpc.service import METHOD_GROUPS, InferenceService
 from nereid.network.access import restriction_table
 from nereid.network.request_budget import RequestBudget
 from nereid.options import ServerOptions
 
 __all__ = ["GrpcMainLink", "WorkerGrpcServer"]
 
-_log = logging.getLogger("nereid")
-
 _SERVICE = "/inference.GRPCInferenceService/"
 _MODEL_INFER = f"{_SERVICE}ModelInfer".encode()
 _STREAM_INFER = f"{_SERVICE}ModelStreamInfer".encode()
 _MODEL_STATISTICS = f"{_SERVICE}ModelStatistics".encode()
-_MAIN_GONE = "the server's main process is gone (it is restarting or stopping)"
 
 _DECODED, _MODEL, _FORGET = Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value
 _OPEN, _MESSAGE, _END, _RESET = (
@@ -67,118 +59,6 @@ _OPEN, _MESSAGE, _END, _RESET = (
 _RESPOND, _SEND, _FINISH, _TAKEN = (
     Kind.GRPC_RESPOND.value, Kind.GRPC_SEND.value, Kind.GRPC_FINISH.value, Kind.GRPC_TAKEN.value)
 #: templates named by number (as forwarding.py's)
-
-
-class CallState(enum.Enum):
-    """Where a gRPC call of the worker is: its request still coming (a ModelInfer),
-    decoded here and queued in the main process, or relayed whole to it."""
-
-    RECEIVING = "receiving"
-    DECODED = "decoded"
-    RELAYED = "relayed"
-
-
-@dataclass(slots=True)
-class GrpcAnnounced:
-    """A model version the main process announced, as gRPC decodes for it (its tables
-    made at the first gRPC request)."""
-
-    token: int
-    version: int
-    config: ModelConfig
-    labels: Mapping[str, list[str]]
-    tables: GrpcModelTables | None = field(default=None)
-
-    def grpc_tables(self) -> GrpcModelTables:
-        if self.tables is None:
-            self.tables = GrpcModelTables.for_config(self.config)
-        return self.tables
-
-
-class _NeedsMain(Exception):
-    """The request uses client shared memory, which the main process holds."""
-
-
-def _no_shared_memory(*args: Any) -> Any:
-    raise _NeedsMain()
-
-
-def decode(model: GrpcAnnounced, message: Any, data: bytes) -> Decoded | None:
-    """A ModelInferRequest decoded for ``model`` (through the memo, as the main process
-    would), or None when the main process must take it whole."""
-    tables = model.grpc_tables()
-    memo = tables.memo
-    key = memo.request_key(message, data)
-    try:
-        request = memo.request(key, message, model.version) if key is not None else None
-        if request is None:
-            request = decode_request(message, tables, model.version, _no_shared_memory)
-            if key is not None:
-                memo.learn_request(key, message, request)
-    except Exception:  # shared memory, or a bad request: the main process answers it
-        return None
-    return decoded_for_main(request)
-
-
-def encode(model: GrpcAnnounced, request: InferRequest, version: int, outputs: Mapping[str, Any]) -> bytes:
-    """The serialized ModelInferResponse (the memo's when it knows its shape)."""
-    tables = model.grpc_tables()
-    memo = tables.memo
-    data = memo.answer(request, outputs, version)
-    if data is None:
-        response = encode_response(outputs, request, tables, version, model.labels, _no_shared_memory)
-        data = response.SerializeToString()
-        memo.learn_answer(request, outputs, version, response, data, tables)
-    return data
-
-
-class _GrpcCall(_InferCall):
-    """One gRPC call of this worker: its stream, its request bytes (a ModelInfer), and
-    what was decoded of it. Its own responder: the main process gone, it ends UNAVAILABLE."""
-
-    __slots__ = ("connection", "stream", "state", "received_ns", "data", "raw", "model", "request", "owed", "draining")
-
-    def __init__(self, link: GrpcMainLink, connection: GrpcConnection, stream: GrpcStream) -> None:
-        super().__init__(link, 0, self, -1)  # type: ignore[arg-type]  # its own Responder
-        self.connection = connection
-        self.stream = stream
-        self.state = CallState.RECEIVING
-        self.received_ns = time.monotonic_ns()
-        self.data: bytes | None = None
-        #: a decoded request's bytes, sent whole if the main process asks (RETRY)
-        self.raw: bytes | None = None
-        self.model: GrpcAnnounced | None = None
-        self.request: Any = None
-        #: bytes of relayed response messages not given back yet, and whether a task
-        #: waits for the stream to drain to give them back
-        self.owed = 0
-        self.draining = False
-
-    def reply(self, status: int, headers: Any, body: bytes) -> None:
-        self.end(Status.UNAVAILABLE, _MAIN_GONE)
-
-    def end(self, status: int, message: str) -> None:
-        if self.stream.call is self:
-            self.stream.call = None
-            self.connection.finish(self.stream, status, message)
-
-    def answer(self, version: int, outputs: Mapping[str, Any]) -> None:
-        """A decoded request's outputs (views on the arena: encoded at once)."""
-        if self.stream.call is not self:
-            return
-        assert self.model is not None
-        try:
-            data = encode(self.model, self.request, version, outputs)
-        except NereidError as exc:
-            self.end(status_of(exc).value[0], exc.message)
-            return
-        except Exception as exc:  # a bug: this call fails, loudly
-            _log.exception("gRPC: encoding a ModelInfer answer in a front-end worker failed")
-            self.end(Status.INTERNAL, f"internal error: {exc}")  # as the main process says it
-            return
-        self.stream.call = None
-        self.raw = None
-        self.connection.respond(self.stream, data)
 
 
 class GrpcMainLink(MainLink):
@@ -193,15 +73,15 @@ class GrpcMainLink(MainLink):
 
     # -- what the gRPC server hands over ---------------------------------------------------
 
-    def open_relayed(self, connection: GrpcConnection, stream: GrpcStream) -> _GrpcCall:
-        call = stream.call = _GrpcCall(self, connection, stream)
+    def open_relayed(self, connection: GrpcConnection, stream: GrpcStream) -> WorkerGrpcCall:
+        call = stream.call = WorkerGrpcCall(self, connection, stream)
         self._relay(call)
         return call
 
-    def start_infer_call(self, call: _GrpcCall, data: bytes) -> None:
+    def start_infer_call(self, call: WorkerGrpcCall, data: bytes) -> None:
         """A ModelInfer whose request is in: decoded here when it can be, else relayed."""
         if self.main_gone:
-            call.end(Status.UNAVAILABLE, _MAIN_GONE)
+            call.end(Status.UNAVAILABLE, MAIN_GONE)
             return
         try:
             message = service_pb2.ModelInferRequest.FromString(data)
@@ -224,12 +104,12 @@ class GrpcMainLink(MainLink):
         call.data = data
         self._relay(call, name)
 
-    def _relay(self, call: _GrpcCall, model_name: str | None = None) -> None:
+    def _relay(self, call: WorkerGrpcCall, model_name: str | None = None) -> None:
         """The call goes whole to the main process's gRPC server (under a new id)."""
         call.id = self._next_id = self._next_id + 1
         call.state = CallState.RELAYED
         if self.main_gone:
-            call.end(Status.UNAVAILABLE, _MAIN_GONE)
+            call.end(Status.UNAVAILABLE, MAIN_GONE)
             return
         self._calls[call.id] = call
         self.send((_OPEN, call.id, dict(call.stream.headers)))
@@ -238,16 +118,16 @@ class GrpcMainLink(MainLink):
             self.send((_MESSAGE, call.id, data))
             self.send((_END, call.id, model_name))
 
-    def relay_request(self, call: _GrpcCall, data: bytes) -> None:
+    def relay_request(self, call: WorkerGrpcCall, data: bytes) -> None:
         """A unary call whose request is in, relayed whole (this worker does not answer it)."""
         call.data = data
         self._relay(call)
 
-    def _send_decoded_grpc(self, call: _GrpcCall, token: int, template: tuple[Any, ...], offset: int) -> None:
+    def _send_decoded_grpc(self, call: WorkerGrpcCall, token: int, template: tuple[Any, ...], offset: int) -> None:
         number, whole = self._numbered(template)
         self.send((_DECODED, call.id, token, number, whole, offset, call.request.id, call.received_ns, True))
 
-    def reset_call(self, call: _GrpcCall) -> None:
+    def reset_call(self, call: WorkerGrpcCall) -> None:
         """The client (or its deadline) reset the call."""
         if call.state is CallState.DECODED:
             call.withdraw()  # its block is let go on DONE
@@ -260,22 +140,22 @@ class GrpcMainLink(MainLink):
         kind = message[0]
         if kind == _RESPOND:
             call = self._calls.pop(message[1], None)
-            if isinstance(call, _GrpcCall) and call.stream.call is call:
+            if isinstance(call, WorkerGrpcCall) and call.stream.call is call:
                 call.stream.call = None
                 call.connection.respond(call.stream, message[2])
         elif kind == _SEND:
             call = self._calls.get(message[1])
-            if isinstance(call, _GrpcCall) and call.stream.call is call:
+            if isinstance(call, WorkerGrpcCall) and call.stream.call is call:
                 call.connection.send_message(call.stream, message[2])
                 self._owe(call, len(message[2]))
         elif kind == _FINISH:
             call = self._calls.pop(message[1], None)
             self._release(call)
-            if isinstance(call, _GrpcCall):
+            if isinstance(call, WorkerGrpcCall):
                 call.end(message[2], message[3])
         elif kind == _TAKEN:
             call = self._calls.get(message[1])
-            if isinstance(call, _GrpcCall) and call.stream.call is call:
+            if isinstance(call, WorkerGrpcCall) and call.stream.call is call:
                 call.connection.taken(call.stream, message[2])
         else:
             super()._dispatch(message)
@@ -287,7 +167,7 @@ class GrpcMainLink(MainLink):
                 if known is not None and known.token == message[2]:
                     del self.grpc_models[message[1]]
 
-    def _owe(self, call: _GrpcCall, size: int) -> None:
+    def _owe(self, call: WorkerGrpcCall, size: int) -> None:
         """``size`` bytes of a relayed stream's response are queued on its stream: given
         back to the main process (``credit``) once the client's window let them all
         out -- at once when it did already, else when the stream drains."""
@@ -301,7 +181,7 @@ class GrpcMainLink(MainLink):
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
 
-    async def _credit_when_drained(self, call: _GrpcCall) -> None:
+    async def _credit_when_drained(self, call: WorkerGrpcCall) -> None:
         stream = call.stream
         try:
             while call.owed and stream.call is call and stream.state is not StreamState.CLOSED:
@@ -314,14 +194,14 @@ class GrpcMainLink(MainLink):
 
     def _answer_decoded(self, call: _InferCall, version: int, outputs: dict[str, Any]) -> None:
         """As ``MainLink._answer_decoded``, a gRPC call answered in its own protocol."""
-        if isinstance(call, _GrpcCall):
+        if isinstance(call, WorkerGrpcCall):
             call.answer(version, outputs)
         else:
             super()._answer_decoded(call, version, outputs)
 
     def _retry(self, id: int) -> None:
         call = self._calls.get(id)
-        if not isinstance(call, _GrpcCall):
+        if not isinstance(call, WorkerGrpcCall):
             super()._retry(id)
             return
         del self._calls[id]
@@ -330,99 +210,6 @@ class GrpcMainLink(MainLink):
             call.data, call.raw = call.raw, None
             self._relay(call)  # the main process announces the version it serves now
 
-
-class WorkerModelInfer:
-    """ModelInfer's calls in the worker (a CallHandler routed by ``:path``): the request
-    is collected, then decoded here or relayed (``GrpcMainLink.start_infer_call``)."""
-
-    def __init__(self, link: GrpcMainLink) -> None:
-        self._link = link
-
-    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        stream.call = _GrpcCall(self._link, connection, stream)
-
-    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None:
-            return
-        if call.state is CallState.RELAYED:
-            self._link.send((_MESSAGE, call.id, data))
-        elif call.data is None:
-            call.data = data
-        else:
-            call.end(Status.UNIMPLEMENTED, "More than one request message in a unary call")
-
-    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None or call.state is not CallState.RECEIVING:
-            return
-        data, call.data = call.data, None
-        if data is None:
-            call.end(Status.UNIMPLEMENTED, "No request message in a unary call")
-            return
-        self._link.start_infer_call(call, data)
-
-    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None:
-            return
-        stream.call = None
-        self._link.reset_call(call)
-
-
-class WorkerModelStatistics:
-    """ModelStatistics' calls in the worker (a CallHandler routed by ``:path``): answered
-    from the figures the main process publishes (``statistics``), with its own code
-    (``statistics_response``), or relayed when those cannot tell (``StatisticsCopy.read``)."""
-
-    def __init__(self, link: GrpcMainLink, statistics: StatisticsCopy) -> None:
-        self._link = link
-        self._statistics = statistics
-
-    def open(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        stream.call = _GrpcCall(self._link, connection, stream)
-
-    def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None:
-            return
-        if call.state is CallState.RELAYED:
-            self._link.send((_MESSAGE, call.id, data))
-        elif call.data is None:
-            call.data = data
-        else:
-            call.end(Status.UNIMPLEMENTED, "More than one request message in a unary call")
-
-    def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None or call.state is not CallState.RECEIVING:
-            return
-        data, call.data = call.data, None
-        if data is None:
-            call.end(Status.UNIMPLEMENTED, "No request message in a unary call")
-            return
-        try:
-            request = service_pb2.ModelStatisticsRequest.FromString(data)
-        except DecodeError:
-            request = None
-        picture = self._statistics.read(request.name or None) if request is not None else None
-        if picture is None:  # the main process answers it (a bad message too, in its words)
-            self._link.relay_request(call, data)
-            return
-        try:
-            response = statistics_response(picture, request).SerializeToString()
-        except NereidError as exc:
-            call.end(status_of(exc).value[0], exc.message)
-            return
-        stream.call = None
-        connection.respond(stream, response)
-
-    def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
-        if call is None:
-            return
-        stream.call = None
-        self._link.reset_call(call)
 
 
 class WorkerGrpcServer(NativeGrpcServer):
@@ -460,17 +247,17 @@ class WorkerGrpcServer(NativeGrpcServer):
         self._link.open_relayed(connection, stream)
 
     def message(self, connection: GrpcConnection, stream: GrpcStream, data: bytes) -> None:
-        call: _GrpcCall | None = stream.call
+        call: WorkerGrpcCall | None = stream.call
         if call is not None and call.state is CallState.RELAYED:
             self._link.send((_MESSAGE, call.id, data))
 
     def end(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
+        call: WorkerGrpcCall | None = stream.call
         if call is not None and call.state is CallState.RELAYED:
             self._link.send((_END, call.id, None))
 
     def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
-        call: _GrpcCall | None = stream.call
+        call: WorkerGrpcCall | None = stream.call
         if call is not None:
             stream.call = None
             self._link.reset_call(call)
