@@ -10,7 +10,8 @@ every row whose figures changed (``publish``: ``ModelStats.changed``, and only t
 sizes that changed) just before it writes anything to any worker (``WorkerLink``): the
 figures a batch added are in the table before its answers leave the main process, and a
 worker's answer is the main process's answer at the moment of its last write to a
-worker. Nothing of this runs without workers (the records only set a flag). A worker
+worker; and every ``PUBLISH_EVERY_S`` (``keep_publishing``), for figures no write
+follows (a request that failed after its client left). Nothing of this runs without workers (the records only set a flag). A worker
 reads what a request asks for (``StatisticsCopy.read``) under two counters: the table's
 sequence (a seqlock: odd while the main process writes, a read that saw it odd or changed
 is read again) and the directory's shared generation (a row changes hands only after a
@@ -28,6 +29,7 @@ seqlock relies on, as ``SharedGeneration`` does.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import mmap
 import os
@@ -42,6 +44,8 @@ from nereid.stats import COUNTERS_HEAD, COUNTERS_PER_BATCH_SIZE, ModelStats
 
 __all__ = ["BATCH_SIZES_PER_ROW", "ROWS", "StatisticsCopy", "StatsPublisher", "StatsTable"]
 
+#: how often the main process writes figures no answer carried (StatsPublisher.keep_publishing)
+PUBLISH_EVERY_S = 0.01
 #: served versions the table holds (pages are only made as rows are written)
 ROWS = 1024
 #: int64 cells per row: restarts (-1: no process instances), the counters' length
@@ -182,6 +186,14 @@ class StatsPublisher:
                 self._write(row)
         if writing:
             table.end()
+
+    async def keep_publishing(self) -> None:
+        """``publish`` every ``PUBLISH_EVERY_S`` as well: figures that no write to a worker
+        follows (a request failed after its client left, a stream abandoned) reach the
+        workers within that time; those of an answer are there before the answer leaves."""
+        while True:
+            await asyncio.sleep(PUBLISH_EVERY_S)
+            self.publish()
 
     def _write(self, row: _Row) -> None:
         """Row ``row`` again: its head, and the batch sizes whose figures changed (all of

@@ -131,6 +131,8 @@ class FrontEnds:
             self._workers[index] = await self._spawn(index)
         self._watchers = [asyncio.create_task(self._watch(index), name=f"nereid-http-worker-{index}")
                           for index in range(self.count)]
+        if self.statistics is not None:
+            self._watchers.append(asyncio.create_task(self.statistics.keep_publishing(), name="nereid-statistics"))
 
     def _listen(self) -> list[socket.socket]:
         options = self.options
