@@ -96,16 +96,21 @@ class ModelStats:
         self, rows: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
     ) -> None:
         """One successful batch of ``rows`` rows."""
-        self.changed = True
-        self.execution_count += 1
-        self.inference_count += rows
-        entry = self.batch_stats.get(rows)
-        if entry is None:
-            entry = self.batch_stats[rows] = BatchStats()
-        self.changed_batch_sizes.add(rows)
+        entry = self._executed(rows)
         entry.compute_input.add(compute_input_ns)
         entry.compute_infer.add(compute_infer_ns)
         entry.compute_output.add(compute_output_ns)
+
+    def _executed(self, rows: int) -> BatchStats:
+        """One more batch of ``rows`` rows counted; the entry of its batch size."""
+        self.changed = True
+        self.execution_count += 1
+        self.inference_count += rows
+        self.changed_batch_sizes.add(rows)
+        entry = self.batch_stats.get(rows)
+        if entry is None:
+            entry = self.batch_stats[rows] = BatchStats()
+        return entry
 
     def record_success(
         self,
@@ -150,14 +155,8 @@ class ModelStats:
         (``compute``: its input, infer and output ns), and its ``record_scheduling``
         figures (busy, idle, formation ns; None: not counted, a rerun). Spelled out: once
         per batch on the event loop."""
-        self.changed = True
         compute_input_ns, compute_infer_ns, compute_output_ns = compute
-        self.execution_count += 1
-        self.inference_count += rows
-        entry = self.batch_stats.get(rows)
-        if entry is None:
-            entry = self.batch_stats[rows] = BatchStats()
-        self.changed_batch_sizes.add(rows)
+        entry = self._executed(rows)
         entry.compute_input.count += 1
         entry.compute_input.ns += compute_input_ns
         entry.compute_infer.count += 1

@@ -15,7 +15,7 @@ when its path belongs to a route the worker does not answer first (``SHADOWING_P
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, MutableMapping
 
 from starlette.routing import Match, Route
 
@@ -64,6 +64,15 @@ async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
+def _route(routes: list[Route], scope: Scope) -> tuple[Route, MutableMapping[str, Any]] | None:
+    """The route of ``routes`` that takes the request whole, and what it read of it."""
+    for route in routes:
+        match, child = route.matches(scope)
+        if match is Match.FULL:
+            return route, child
+    return None
+
+
 class LocalAnswers:
     """``answer(scope, send)`` answers the request when it is one of the worker's own
     (True), else leaves it (False: forward it). ``answered`` counts those it answered.
@@ -99,32 +108,32 @@ class LocalAnswers:
         directory = self.copy.current()
         if directory is None:
             return False
-        for route in self._routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                if route.path.endswith("/ready") and not self._settled(directory, child["path_params"]):
-                    return False
-                self._pinned.directory = directory
-                self.answered += 1
-                await route.handle({**scope, **child}, _no_body, send)
-                return True
-        return False
+        found = _route(self._routes, scope)
+        if found is None:
+            return False
+        route, child = found
+        if route.path.endswith("/ready") and not self._settled(directory, child["path_params"]):
+            return False
+        self._pinned.directory = directory
+        self.answered += 1
+        await route.handle({**scope, **child}, _no_body, send)
+        return True
 
     async def _answer_statistics(self, scope: Scope, send: Send) -> bool:
         """A statistics request, answered from the figures read for it (False: it is not
         one, or the main process must answer it)."""
-        for route in self._statistics_routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                assert self.statistics is not None
-                picture = self.statistics.read(child["path_params"].get("name"))
-                if picture is None:
-                    return False
-                self._pinned_statistics.picture = picture
-                self.answered += 1
-                await route.handle({**scope, **child}, _no_body, send)
-                return True
-        return False
+        found = _route(self._statistics_routes, scope)
+        if found is None:
+            return False
+        route, child = found
+        assert self.statistics is not None
+        picture = self.statistics.read(child["path_params"].get("name"))
+        if picture is None:
+            return False
+        self._pinned_statistics.picture = picture
+        self.answered += 1
+        await route.handle({**scope, **child}, _no_body, send)
+        return True
 
     def _settled(self, directory: Directory, params: dict[str, Any]) -> bool:
         """Whether the readiness a ready route asks for is the picture's to tell."""
