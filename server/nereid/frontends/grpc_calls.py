@@ -8,6 +8,7 @@ process.
 
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import time
@@ -155,7 +156,7 @@ class WorkerGrpcCall(_InferCall):
         self.connection.respond(self.stream, data)
 
 
-class _UnaryHandler:
+class _UnaryHandler(abc.ABC):
     """A unary call collected in the worker (a CallHandler routed by ``:path``): its one
     request message, then ``handle`` (relayed messages go straight on once it was relayed)."""
 
@@ -186,8 +187,9 @@ class _UnaryHandler:
             return
         self.handle(connection, stream, call, data)
 
+    @abc.abstractmethod
     def handle(self, connection: GrpcConnection, stream: GrpcStream, call: WorkerGrpcCall, data: bytes) -> None:
-        raise NotImplementedError
+        """The call's one request message ``data``, collected: answer it or relay it."""
 
     def reset(self, connection: GrpcConnection, stream: GrpcStream) -> None:
         call: WorkerGrpcCall | None = stream.call

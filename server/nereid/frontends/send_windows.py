@@ -68,11 +68,8 @@ class SendWindows:
 
     def forget(self, id: int) -> None:
         """Stream ``id`` ended (finished, reset, withdrawn): its bytes no longer count."""
-        out = self.out.pop(id, 0)
-        self._released(id, out)
-        waiter = self._waiting.pop(id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._released(id, self.out.pop(id, 0))
+        self._wake([id])
 
     def close(self) -> None:
         """The worker is gone: nothing is out any more, and no writer waits."""
