@@ -20,9 +20,8 @@ from nereid.frontends.layout import write_arrays
 from nereid.frontends.messages import Kind, frame
 from nereid.grpc.native import NativeGrpcServer
 from nereid.grpc.service import InferenceService
-from nereid.local import InProcessServer
 from nereid.tensors.shared_memory import SharedMemoryManager
-from tests.unit.frontends.test_link import CONFIG, MODEL, Worker
+from tests.unit.frontends.test_link import Worker, served_double
 from tests.unit.manual_clock import next_turn
 
 _PATH = b"/inference.GRPCInferenceService/"
@@ -42,13 +41,7 @@ def _infer_request(values: list[float], model: str = "double") -> bytes:
 
 
 async def _linked(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[GrpcWorkerLink, Worker, Arena]]:
-    folder = tmp_path / "double"
-    folder.mkdir()
-    (folder / "config.toml").write_text(CONFIG.format(delay_us=delay_us, policy=policy))
-    (folder / "model.py").write_text(MODEL)
-    async with InProcessServer(str(tmp_path)) as server:
-        app = SimpleNamespace(endpoints=SimpleNamespace(
-            infer_endpoint=SimpleNamespace(manager=server.manager), start_infer=lambda *args: None))
+    async with served_double(tmp_path, delay_us, policy) as (server, app):
         shm = SharedMemoryManager()
         grpc_server = NativeGrpcServer(InferenceService(server.manager, server.options, shm), server.options)
         arena = Arena.create(64 * 1024)

@@ -5,6 +5,7 @@ each with its own rows; what cannot be served is answered per request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, AsyncIterator
@@ -76,14 +77,21 @@ class Worker:
         return self.of(kind)
 
 
-async def _linked(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[WorkerLink, Worker, Arena, int]]:
+@contextlib.asynccontextmanager
+async def served_double(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[InProcessServer, Any]]:
+    """The ``double`` model served in this process, and the main app a link needs of it
+    (its manager; raw infer requests answered by nobody)."""
     folder = tmp_path / "double"
     folder.mkdir()
     (folder / "config.toml").write_text(CONFIG.format(delay_us=delay_us, policy=policy))
     (folder / "model.py").write_text(MODEL)
     async with InProcessServer(str(tmp_path)) as server:
-        app = SimpleNamespace(endpoints=SimpleNamespace(
+        yield server, SimpleNamespace(endpoints=SimpleNamespace(
             infer_endpoint=SimpleNamespace(manager=server.manager), start_infer=lambda *args: None))
+
+
+async def _linked(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[WorkerLink, Worker, Arena, int]]:
+    async with served_double(tmp_path, delay_us, policy) as (server, app):
         arena = Arena.create(64 * 1024)
         worker = Worker()
         link = WorkerLink(app, arena, {}, 0)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from nereid.errors import InternalError, NereidError, QueueFullError
 from nereid.frontends.link_answers import DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import Kind
 from nereid.frontends.send_windows import SendWindows
+from tests.unit.manual_clock import next_turn
 
 
 class RecordingLink:
@@ -111,7 +112,7 @@ def test_a_forwarded_request_streams_its_parts_back_and_is_finished_by_its_last(
 
     async def held_until_given_back() -> None:
         drained = asyncio.ensure_future(streamed.drain())
-        await asyncio.sleep(0)
+        await next_turn()
         assert not drained.done()
         link.windows.returned(5, 5)  # the worker's CREDIT
         await drained
