@@ -113,3 +113,15 @@ def wait_for_file(path, timeout=60.0):
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.005)
 '''
+
+#: An identity model (INPUT0 -> OUTPUT0) that holds each request until the test creates
+#: the file "open" beside its model.py.
+GATED_IDENTITY = """
+class Model:
+    def __init__(self, context):
+        self.folder = context.model_dir
+
+    def infer(self, inputs):
+        wait_for_file(self.folder / "open")
+        return {"OUTPUT0": inputs["INPUT0"]}
+""" + MODEL_GATE

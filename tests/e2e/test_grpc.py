@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RepoBuilder, RunningServer, free_port, start_server
 from tests.e2e.test_perf_analyzer import SMOKE_WINDOWS
-from tests.waiting import MODEL_GATE
+from tests.waiting import GATED_IDENTITY
 
 CONFIG = """
 max_batch_size = 8
@@ -93,15 +93,7 @@ class Model:
 
 
 #: Holds its instance until the test creates the file "open" beside model.py.
-GATED = """
-class Model:
-    def __init__(self, context):
-        self.folder = context.model_dir
-
-    def infer(self, inputs):
-        wait_for_file(self.folder / "open")
-        return {"OUTPUT0": inputs["INPUT0"]}
-""" + MODEL_GATE
+GATED = GATED_IDENTITY
 
 FILL = """
 max_batch_size = 0

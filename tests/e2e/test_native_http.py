@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.conftest import IDENTITY_CONFIG, RepoBuilder, RunningServer, start_server
-from tests.waiting import MODEL_GATE, wait_until, wait_until_read
+from tests.waiting import GATED_IDENTITY, wait_until, wait_until_read
 
 IDENTITY = IDENTITY_CONFIG + """\
 [dynamic_batching]
@@ -45,15 +45,7 @@ class Model:
 """
 
 #: Holds its only instance until the test creates the file "open" beside model.py.
-HELD_MODEL = """
-class Model:
-    def __init__(self, context):
-        self.folder = context.model_dir
-
-    def infer(self, inputs):
-        wait_for_file(self.folder / "open")
-        return {"OUTPUT0": inputs["INPUT0"]}
-""" + MODEL_GATE
+HELD_MODEL = GATED_IDENTITY
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
 
