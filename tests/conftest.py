@@ -234,7 +234,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller of an xdist run ends last
         run = getattr(config.option, "testrunuid", None)
         if run is not None:
-            shutil.rmtree(Path(tempfile.gettempdir()) / f"nereid-test-ports-{run}", ignore_errors=True)
+            shutil.rmtree(_ports_path(run), ignore_errors=True)
     if EXAMPLES != ROOT / "model_repository":
         shutil.rmtree(EXAMPLES.parent, ignore_errors=True)
 
@@ -320,17 +320,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _asgi_engine(item: pytest.Item) -> bool:
     """Whether ``item`` is the run of a test (or of its server fixture) with an ASGI engine:
     one of its parameters names one."""
-    callspec = getattr(item, "callspec", None)
-    params = callspec.params.values() if callspec is not None else ()
-    return any(isinstance(value, str) and value in ASGI_ENGINES for value in params)
+    return any(isinstance(value, str) and value in ASGI_ENGINES for value in _parameters(item))
 
 
 def _grpcio_engine(item: pytest.Item) -> bool:
     """Whether ``item`` is the run of a test (or of its server fixture) with grpcio's gRPC
     server (a parameter ``grpcio``): the main process serves the gRPC port then, so only
     its HTTP crosses the workers, which its ``native`` twin exercises too."""
+    return "grpcio" in _parameters(item)
+
+
+def _parameters(item: pytest.Item) -> list[object]:
+    """The values of ``item``'s parameters (its fixtures' too); none when it has none."""
     callspec = getattr(item, "callspec", None)
-    return callspec is not None and "grpcio" in callspec.params.values()
+    return list(callspec.params.values()) if callspec is not None else []
 
 
 #: The HTTP engines --http-server chooses besides the native one (start_server gives them no workers).
@@ -418,13 +421,18 @@ def repo(tmp_path: Path) -> RepoBuilder:
 _HANDED_OUT: set[int] = set()
 
 
+def _ports_path(run: str) -> Path:
+    """The folder of xdist run ``run``'s port claims (see ``_ports_folder``)."""
+    return Path(tempfile.gettempdir()) / f"nereid-test-ports-{run}"
+
+
 def _ports_folder() -> Path | None:
     """Under pytest-xdist (``-n``): a folder every worker of this run shares, where a file
     per port handed out claims it for the whole run; None in a run of one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         return None
-    folder = Path(tempfile.gettempdir()) / f"nereid-test-ports-{run}"
+    folder = _ports_path(run)
     folder.mkdir(exist_ok=True)
     return folder
 
