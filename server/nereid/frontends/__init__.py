@@ -35,7 +35,7 @@ would load every model N times and split every batch N ways.
                  memory (shared_stats): it writes what changed just before it writes
                  anything to any worker, so an answer's request is counted there before
                  the answer leaves; read under a sequence counter and the generation
-                 (shared_stats); gRPC's ModelStatistics likewise (grpc_front)
+                 (shared_stats); gRPC's ModelStatistics likewise (grpc_calls)
       any other: forwarded whole to the main app (ASGI), answered back in parts:
                  model control, repository index, shared-memory registration and
                  generate behave as one server's

@@ -11,7 +11,7 @@ settings, when it serves HTTPS) come as the link's first message; with HTTPS the
 reads the certificates itself and wraps its connections as the single-process server
 does (network/tls.py), and reads them again on SIGHUP (the main process passes its own
 SIGHUP on). Health, metadata, config and (with the table) statistics it answers itself
-(local_answers.py; gRPC's ModelStatistics: grpc_front.py). It stops on
+(local_answers.py; gRPC's ModelStatistics: grpc_calls.py). It stops on
 STOP (draining its connections), on SIGTERM the same way, and when the main process goes
 away; SIGINT is the main process's to handle.
 """
@@ -57,7 +57,7 @@ class _WorkerServer(NativeServer):
 def main(argv: list[str] | None = None) -> None:
     """The worker's entry point:
     ``main([listen_fd, link_fd, arena_fd, arena_size, limits_fd, limits_rows, generation_fd, grpc_fd, stats_fd])``
-    (grpc_fd -1: the main process serves gRPC itself; stats_fd -1: it answers statistics)."""
+    (grpc_fd -1: the main process serves gRPC itself; stats_fd -1: statistics are forwarded to it)."""
     fds = [int(arg) for arg in (argv if argv is not None else sys.argv[1:])]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop handles it: a reload must not end the worker
