@@ -15,6 +15,7 @@ protocol: execution.py. What a batcher holds, and how it is started, tuned and d
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any, AsyncGenerator, Sequence
 
 from nereid.errors import NereidError, QueueFullError, RequestTimeoutError, UnavailableError
@@ -25,6 +26,10 @@ from nereid.scheduling.pending import Answer, CallbackAnswer, OnAnswer, Pending,
 from nereid.scheduling.staging import Running, Stage
 
 __all__ = ["DynamicBatcher", "Instance", "Outcome"]
+
+#: a batch that returned, as ``_answer`` takes it: the batch, when it began, its Outcome,
+#: its scheduling figures
+_Answered = tuple[tuple[Pending, ...], int, Outcome, tuple[int, int | None, int]]
 
 
 class DynamicBatcher(BatcherLifecycle):
@@ -180,6 +185,9 @@ class DynamicBatcher(BatcherLifecycle):
         stages = instance.queues_batches and not self._queue.timed and not timed
         current: Running | None = None
         following: Running | None = None
+        # answers put off to the loop's next turn, oldest first: whatever answers at once
+        # answers these first, so this slot's batches are answered in the order they ran
+        deferred: deque[_Answered] = deque()
         try:
             while True:
                 if current is None:
@@ -200,13 +208,15 @@ class DynamicBatcher(BatcherLifecycle):
                     if outcome is not None:
                         await execution.rerun_each(instance, current.batch)
                 elif following is None:  # nothing waits: answer at once (no loop turn)
+                    while deferred:
+                        self._answer(*deferred.popleft())
                     self._answer(current.batch, current.started, outcome, scheduling)
                 else:
                     # On the loop's next turn: the next batch's task (if it is one) starts
                     # first, and between the two turns the loop releases the GIL (its poll),
                     # so the instance's thread begins that batch before the answers go out.
-                    asyncio.get_running_loop().call_soon(
-                        self._answer, current.batch, current.started, outcome, scheduling)
+                    deferred.append((current.batch, current.started, outcome, scheduling))
+                    asyncio.get_running_loop().call_soon(self._answer_deferred, deferred)
                 current, following = following, None
         except asyncio.CancelledError:  # aclose gave up on them: their requests get an answer
             for running in (current, following):
@@ -287,6 +297,11 @@ class DynamicBatcher(BatcherLifecycle):
             assert outcome.outputs is not None
             self._answers.batch(batch, started, outcome.outputs,
                                 (outcome.compute_input_ns, outcome.compute_infer_ns, outcome.compute_output_ns), scheduling)
+
+    def _answer_deferred(self, deferred: deque[_Answered]) -> None:
+        """The oldest answer a slot put off (none if the slot answered it already)."""
+        if deferred:
+            self._answer(*deferred.popleft())
 
     def _answer_rerun(self, batch: tuple[Pending, ...], started: int, outcome: Outcome) -> None:
         self._answer(batch, started, outcome, None)

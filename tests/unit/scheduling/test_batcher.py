@@ -764,3 +764,51 @@ def test_submit_many_after_close_is_unavailable() -> None:
             batcher.submit_many([1], [0], [RecordedAnswer()])
 
     run(scenario())
+
+
+@dataclass
+class FutureInstance:
+    """Like a process instance: ``run_batch`` hands the batch over at once and returns a
+    future, set when the test says (``finish``), so two batches can come back in one turn
+    of the loop, as two replies read off one pipe do."""
+
+    name: str = "futures_0"
+    capacity: int = 1
+    queues_batches: bool = True
+    problem: str | None = None
+    enforces_timeout: bool = False
+    handed: list[list[Any]] = field(default_factory=list)
+    futures: list[asyncio.Future[Outcome]] = field(default_factory=list)
+
+    @property
+    def cost_function(self) -> None:
+        return None
+
+    def run_batch(self, items: Sequence[Any]) -> asyncio.Future[Outcome]:
+        self.handed.append(list(items))
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    def finish(self, index: int) -> None:
+        self.futures[index].set_result(Outcome([item * 2 for item in self.handed[index]], None))
+
+
+def test_batches_that_return_in_one_turn_are_answered_in_the_order_they_ran() -> None:
+    """One instance runs its batches in order, so its answers go out in that order, even
+    when the next batch's result is there already as the one before is answered (an
+    ensemble's decoupled step relies on it: each response's next step follows the one
+    before)."""
+    async def scenario() -> None:
+        instance = FutureInstance()
+        answers: list[Any] = []
+        async with make([instance], max_batch_size=2, max_queue_delay_microseconds=0) as batcher:  # type: ignore[list-item]
+            for item in range(4):
+                batcher.submit(item, None, lambda result, error: answers.append(result))
+            await until(lambda: len(instance.handed) == 2)  # the second batch handed over while the first runs
+            instance.finish(0)
+            instance.finish(1)
+            await until(lambda: len(answers) == 4)
+        assert answers == [0, 2, 4, 6]
+
+    run(scenario())
