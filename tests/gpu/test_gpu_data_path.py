@@ -3,7 +3,6 @@ default there). Run where a CUDA device is visible; skipped cleanly elsewhere.""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -77,12 +76,13 @@ import torch
 class Model:
     def __init__(self, context):
         self.device = torch.device(context.device)
+        self.instance = context.instance_name
 
     def infer(self, inputs):
         ids = inputs["IDS"]
         assert isinstance(ids, torch.Tensor) and ids.device == self.device, (type(ids), getattr(ids, "device", None))
         time.sleep(0.05)  # long enough for concurrent requests to reach both instances
-        where = f"{ids.device}/{os.getpid()}"
+        where = f"{ids.device}/{os.getpid()}/{self.instance}"
         return {"DOUBLED": ids * 2, "HALF": ids.float() / 2, "WHERE": [[where]] * ids.shape[0]}
 """
 
@@ -103,22 +103,29 @@ def infer_many(url: str, count: int) -> list[tuple[np.ndarray, np.ndarray, str]]
 
 
 @pytest.mark.parametrize(
-    ("isolation", "in_processes"), [("", True), ('isolation = "process"', True), ('isolation = "thread"', False)],
-    ids=["default-is-process", "process", "thread"],
+    ("isolation", "processes"),
+    [("", 1), ('isolation = "process"', 1), ('isolation = "process"\nprocesses = "per_instance"', 2),
+     ('isolation = "thread"', 0)],
+    ids=["default-is-process", "process-per-device", "process-per-instance", "thread"],
 )
 def test_gpu_instances_get_tensors_on_their_device_and_both_take_work(
-    serve, repo: RepoBuilder, isolation: str, in_processes: bool  # type: ignore[no-untyped-def]
+    serve, repo: RepoBuilder, isolation: str, processes: int  # type: ignore[no-untyped-def]
 ) -> None:
+    """Both instances on the GPU take work, with tensors on the device, in the processes
+    the group asks for: on a GPU, process instances share one process per device by
+    default (``processes = "per_device"``), a process each with ``"per_instance"``;
+    thread instances run in the server's own process (``processes``: 0)."""
     repo.add("gpu_tensors", CONFIG.format(isolation=isolation), MODEL)
     server = serve(repo.root)
     results = infer_many(server.url, 16)
     for index, (doubled, half, _) in enumerate(results):
         np.testing.assert_array_equal(doubled, np.full((1, 3), 2 * index))
         np.testing.assert_allclose(half, np.full((1, 3), index / 2))
-    places = {where for _, _, where in results}
-    assert all(where.startswith("cuda:") for where in places)
-    pids = {where.split("/")[1] for where in places}
-    if in_processes:  # two instances, each a process of its own, both served
-        assert len(pids) == 2 and str(os.getpid()) not in pids
+    places = [where.split("/") for _, _, where in results]
+    assert all(device.startswith("cuda:") for device, _, _ in places)
+    assert {instance for _, _, instance in places} == {"gpu_tensors_0", "gpu_tensors_1"}
+    pids = {pid for _, pid, _ in places}
+    if processes:
+        assert len(pids) == processes and str(server.process.pid) not in pids
     else:
-        assert len(pids) == 1
+        assert pids == {str(server.process.pid)}
