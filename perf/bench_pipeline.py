@@ -62,7 +62,7 @@ dims = [768]
 max_queue_delay_microseconds = 0
 
 [[instance_group]]
-count = 1
+count = {instances}
 kind = "KIND_CPU"
 """
 
@@ -85,34 +85,38 @@ class Model:
 class Scenario:
     batch_ms: int
     concurrency: int
+    #: thread instances, each taking the fixed time per batch (as instances sharing a GPU
+    #: whose batches overlap would at best)
+    instances: int = 1
 
     @property
     def model(self) -> str:
-        return f"standin_{self.batch_ms}ms"
+        return f"standin_{self.batch_ms}ms" + (f"_x{self.instances}" if self.instances > 1 else "")
 
     @property
     def limit(self) -> float:
-        """The offline limit, rows/s: full batches back to back."""
-        return ROWS / (self.batch_ms / 1000)
+        """The offline limit, rows/s: full batches back to back on every instance."""
+        return self.instances * ROWS / (self.batch_ms / 1000)
 
     @property
     def cohort_bound(self) -> float:
-        """rows/s if the clients split into two cohorts taking turns (a batch of c/2 per
-        batch time), which a free instance taking whatever is queued (queue delay 0) gets
-        below 2 x max_batch_size clients."""
-        return min(ROWS, self.concurrency // 2) / (self.batch_ms / 1000)
+        """rows/s if the clients split into two cohorts per instance taking turns (a batch
+        of c/2 per batch time on one instance), which a free instance taking whatever is
+        queued (queue delay 0) gets below 2 x max_batch_size clients per instance."""
+        return self.instances * min(ROWS, self.concurrency // (2 * self.instances)) / (self.batch_ms / 1000)
 
     @property
     def label(self) -> str:
-        return f"{self.batch_ms} ms, c={self.concurrency}"
+        return f"{self.batch_ms} ms, c={self.concurrency}" + (f", {self.instances} inst" if self.instances > 1 else "")
 
 
 def write_repo(root: Path, scenarios: list[Scenario]) -> None:
-    for batch_ms in sorted({s.batch_ms for s in scenarios}):
-        name = f"standin_{batch_ms}ms"
+    for batch_ms, instances in sorted({(s.batch_ms, s.instances) for s in scenarios}):
+        name = Scenario(batch_ms, 0, instances).model
         folder = root / name / "1"
         folder.mkdir(parents=True)
-        (root / name / "config.toml").write_text(CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS))
+        (root / name / "config.toml").write_text(
+            CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS, instances=instances))
         (folder / "model.py").write_text(MODEL_PY.format(seconds=batch_ms / 1000))
 
 
@@ -255,7 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--scenarios", default="50:256,20:64",
-                   help="comma-separated BATCH_MS:CONCURRENCY pairs")
+                   help="comma-separated BATCH_MS:CONCURRENCY[:INSTANCES] (instances default 1)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--measurement-interval", type=int, default=5000, help="perf_analyzer -p, ms")
     p.add_argument("--stability-percentage", type=float, default=25,
@@ -275,7 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     try:
-        args.scenarios = [Scenario(int(ms), int(c)) for ms, c in (x.split(":") for x in args.scenarios.split(","))]
+        args.scenarios = [Scenario(*(int(part) for part in x.split(":"))) for x in args.scenarios.split(",")]
     except ValueError:
         p.error("--scenarios takes BATCH_MS:CONCURRENCY pairs, e.g. 50:256,20:64")
     args.http_server = None
