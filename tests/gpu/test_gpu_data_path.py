@@ -60,6 +60,10 @@ dims = [3]
 name = "WHERE"
 data_type = "TYPE_STRING"
 dims = [1]
+[[output]]
+name = "SPAN"
+data_type = "TYPE_INT64"
+dims = [2]
 [dynamic_batching]
 [[instance_group]]
 count = 2
@@ -79,22 +83,26 @@ class Model:
         self.instance = context.instance_name
 
     def infer(self, inputs):
+        began = time.monotonic_ns()
         ids = inputs["IDS"]
         assert isinstance(ids, torch.Tensor) and ids.device == self.device, (type(ids), getattr(ids, "device", None))
         time.sleep(0.05)  # long enough for concurrent requests to reach both instances
         where = f"{ids.device}/{os.getpid()}/{self.instance}"
-        return {"DOUBLED": ids * 2, "HALF": ids.float() / 2, "WHERE": [[where]] * ids.shape[0]}
+        span = torch.tensor([[began, time.monotonic_ns()]] * ids.shape[0])
+        return {"DOUBLED": ids * 2, "HALF": ids.float() / 2, "WHERE": [[where]] * ids.shape[0], "SPAN": span}
 """
 
 
-def infer_many(url: str, count: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    def one(index: int) -> tuple[np.ndarray, np.ndarray, str]:
+def infer_many(url: str, count: int) -> list[tuple[np.ndarray, np.ndarray, str, tuple[int, int]]]:
+    def one(index: int) -> tuple[np.ndarray, np.ndarray, str, tuple[int, int]]:
         client = httpclient.InferenceServerClient(url)
         try:
             ids = httpclient.InferInput("IDS", [1, 3], "INT64")
             ids.set_data_from_numpy(np.full((1, 3), index, np.int64))
             result = client.infer("gpu_tensors", [ids])
-            return result.as_numpy("DOUBLED"), result.as_numpy("HALF"), result.as_numpy("WHERE")[0, 0].decode()
+            began, ended = (int(t) for t in result.as_numpy("SPAN")[0])
+            return (result.as_numpy("DOUBLED"), result.as_numpy("HALF"), result.as_numpy("WHERE")[0, 0].decode(),
+                    (began, ended))
         finally:
             client.close()
 
@@ -118,10 +126,10 @@ def test_gpu_instances_get_tensors_on_their_device_and_both_take_work(
     repo.add("gpu_tensors", CONFIG.format(isolation=isolation), MODEL)
     server = serve(repo.root)
     results = infer_many(server.url, 16)
-    for index, (doubled, half, _) in enumerate(results):
+    for index, (doubled, half, _, _) in enumerate(results):
         np.testing.assert_array_equal(doubled, np.full((1, 3), 2 * index))
         np.testing.assert_allclose(half, np.full((1, 3), index / 2))
-    places = [where.split("/") for _, _, where in results]
+    places = [where.split("/") for _, _, where, _ in results]
     assert all(device.startswith("cuda:") for device, _, _ in places)
     assert {instance for _, _, instance in places} == {"gpu_tensors_0", "gpu_tensors_1"}
     pids = {pid for _, pid, _ in places}
@@ -129,3 +137,7 @@ def test_gpu_instances_get_tensors_on_their_device_and_both_take_work(
         assert len(pids) == processes and str(server.process.pid) not in pids
     else:
         assert pids == {str(server.process.pid)}
+    if processes != 2:  # instances in one process take turns in infer (DispatchTurns)
+        spans = sorted({(span, where.split("/")[2]) for _, _, where, span in results})
+        for ((_, ended), _), ((began, _), _) in zip(spans, spans[1:]):
+            assert ended <= began, spans

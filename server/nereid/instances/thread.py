@@ -16,12 +16,13 @@ comes to, outcome.py's; a decoupled model's batches, decoupled.py's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -59,8 +60,12 @@ class ModelInstance(DecoupledBatches):
         config: ModelConfig,
         faults: FaultLog | None = None,
         bls: BlsTarget | None = None,
+        dispatch_turn: ContextManager[Any] | None = None,
     ) -> None:
         self.model_class = model_class
+        #: held while ``infer`` runs: the version's instances on one CUDA device take turns
+        #: queueing their work (``DispatchTurns``); none by default
+        self.dispatch_turn: ContextManager[Any] = dispatch_turn or contextlib.nullcontext()
         #: the server's fault log (the model loader's; a log of its own when none is given)
         self.faults = faults if faults is not None else FaultLog()
         #: where a Triton model's BLS requests go (its server's models)
@@ -166,7 +171,8 @@ class ModelInstance(DecoupledBatches):
             return prepared
         t0, t1, call = prepared
         try:
-            raw = call()
+            with self.dispatch_turn:
+                raw = call()
         except BaseException as exc:  # on the instance thread: all of it is the model's
             return self._infer_failed(exc, t0, t1)
         outcome = self._split(raw, requests, t0, t1, time.monotonic_ns())

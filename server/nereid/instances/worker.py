@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from nereid.config.extension_parameters import INPUT_TENSORS
-from nereid.tensors.device import DeviceInputs
+from nereid.tensors.device import DeviceInputs, DispatchTurns
 from nereid.errors import ModelLoadError
 from nereid.log import configure_logging
 from nereid.faults import FaultLog
@@ -64,7 +64,7 @@ class _Worker:
 
     def __init__(
         self, channels: list[Channel], init: dict[str, Any], calls: ServerCalls | None = None,
-        model_class: ModelClass | None = None,
+        model_class: ModelClass | None = None, turns: DispatchTurns | None = None,
     ) -> None:
         self.channels = channels
         #: the way to the server for model code's custom metrics and BLS requests
@@ -80,6 +80,9 @@ class _Worker:
         #: its CUDA stream (None: not on a CUDA device): instances sharing this process
         #: then overlap their kernels on the one CUDA context
         self.stream = _cuda_stream(self.context.device)
+        #: held while ``infer`` runs: the process's instances on one CUDA device take turns
+        #: queueing their kernels, and overlap while they run (``DispatchTurns``)
+        self.dispatch_turn = (turns or DispatchTurns()).turn(self.context.device)
         self.loop: asyncio.AbstractEventLoop | None = None
         if self.model_class.infer_is_async:
             self.loop = asyncio.new_event_loop()
@@ -216,12 +219,17 @@ class _Worker:
 
     def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
         """One batch: its turn is held while the model runs and its outputs come to the
-        host, then given to the next batch before these outputs are written and sent."""
+        host, then given to the next batch before these outputs are written and sent. On a
+        GPU the device's dispatch turn is held only while ``infer`` queues the work: the
+        kernels run on, and the outputs are waited for, while another instance of the
+        process queues its own."""
         outputs: Any = None
         error: tuple[str, str, str] | None = None
         with self.turns:
             try:
-                outputs = self.outputs(self._call(self.model.infer, inputs, *params))
+                with self.dispatch_turn:
+                    raw = self._call(self.model.infer, inputs, *params)
+                outputs = self.outputs(raw)
             except BaseException as exc:
                 error = self._fault("infer", exc)
         self.flush()
@@ -405,11 +413,12 @@ def run_worker(argv: list[str] | None = None) -> int:
         members.append(channels[: member["channels"]])
         channels = channels[member["channels"] :]
     workers: list[_Worker] = []
+    turns = DispatchTurns()  # the instances of this process on one GPU take turns queueing work
     try:
         for member, own in zip(init["members"], members):
             calls = ServerCalls(own[-1])
             first = workers[0].model_class if workers else None  # model.py is imported once per process
-            workers.append(_Worker(own[:-1], dict(member, model_file=init["model_file"]), calls, first))
+            workers.append(_Worker(own[:-1], dict(member, model_file=init["model_file"]), calls, first, turns))
     except BaseException as exc:  # import or __init__: the server makes the model UNAVAILABLE
         # the reason, as a thread instance's load words it (load_model_class's own, the
         # __init__ one above, else the model loader's "<file>: <exception>")

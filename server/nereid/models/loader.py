@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from nereid.tensors.assembly import request_cost, signature_function
+from nereid.tensors.device import DispatchTurns
 from nereid.scheduling.batcher import DynamicBatcher, Instance
 from nereid.scheduling.sequence_batcher import SequenceBatcher
 from nereid.scheduling.sequence_tensors import SequenceTensors, execution_config
@@ -143,12 +144,14 @@ class ModelLoader:
         # a sequence model's instances also take its control and state tensors
         run_config = execution_config(config)
         workers: dict[int, WorkerProcess] = {}  # by process_hosts' number
+        turns = DispatchTurns()  # thread instances on one GPU take turns queueing their work
         for index, ((group, device), host) in enumerate(zip(groups, process_hosts(groups))):
             context = _instance_context(name, config, config_json, version, index, device)
             context = dataclasses.replace(context, metrics=self.custom_metrics.view(object()))
             if host is None:
                 assert model_class is not None
-                instances.append(ModelInstance(model_class, context, run_config, self.faults, self.bls))
+                instances.append(ModelInstance(model_class, context, run_config, self.faults, self.bls,
+                                               turns.turn(device)))
                 continue
             if host not in workers:
                 workers[host] = worker_process(version.model_file, run_config)

@@ -114,3 +114,52 @@ def test_close_calls_the_models_close_once(tmp_path: Path) -> None:
         return closed
 
     assert asyncio.run(main()) == [True]
+
+
+class _Turn:
+    """A dispatch turn that records how many batches the model had run as it was taken and
+    given back."""
+
+    def __init__(self) -> None:
+        self.running: ModelInstance | None = None
+        self.seen: list[tuple[str, int]] = []
+
+    def __enter__(self) -> None:
+        assert self.running is not None
+        self.seen.append(("taken", self.running.model.calls))
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.running is not None
+        self.seen.append(("given back", self.running.model.calls))
+
+
+COUNTING_MODEL = """
+class Model:
+    calls = 0
+
+    def infer(self, inputs):
+        self.calls += 1
+        return {"Y": inputs["X"] + 1}
+"""
+
+
+def test_infer_runs_inside_the_instance_dispatch_turn_and_the_outputs_are_split_after_it(tmp_path: Path) -> None:
+    """The turn a GPU's instances take (``DispatchTurns``) covers ``infer`` alone: taken
+    before the call, given back once it returns, before the outputs are brought back."""
+    async def main() -> None:
+        turn = _Turn()
+        folder = tmp_path / "m" / "1"
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(COUNTING_MODEL)
+        config = parse_model_config(tomllib.loads(CONFIG), source="m/config.toml", folder_name="m")
+        context = ModelContext(model_name="m", model_version=1, instance_name="m_0", device="cpu", kind="CPU",
+                               config={}, parameters={}, model_dir=folder)
+        running = turn.running = ModelInstance(load_model_class(folder / "model.py", "m", 1), context, config,
+                                               FaultLog(), dispatch_turn=turn)
+        await running.start()
+        outcome = await running.run_batch([request(1)])
+        await running.close()
+        assert outcome.outputs is not None and outcome.outputs[0]["Y"].ravel().tolist() == [2]
+        assert turn.seen == [("taken", 0), ("given back", 1)]
+
+    asyncio.run(main())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
-from nereid.tensors.device import DeviceInputs, outputs_to_host
+from nereid.tensors.device import DeviceInputs, DispatchTurns, outputs_to_host
 
 torch = pytest.importorskip("torch")
 
@@ -37,3 +39,13 @@ def test_outputs_without_cuda_tensors_are_left_as_they_are() -> None:
     raw = {"A": np.zeros(2), "B": torch.ones(2)}
     assert outputs_to_host(raw) is raw
     assert outputs_to_host([1, 2]) == [1, 2]
+
+
+def test_instances_on_one_cuda_device_share_one_turn_and_cpu_instances_take_none() -> None:
+    turns = DispatchTurns()
+    first, again, other = turns.turn("cuda:0"), turns.turn("cuda:0"), turns.turn("cuda:1")
+    assert first is again and first is not other
+    assert isinstance(first, type(threading.Lock()))
+    with turns.turn("cpu"), turns.turn("cpu"):  # no lock: nests, never waits
+        pass
+    assert DispatchTurns().turn("cuda:0") is not first  # each model version's own
