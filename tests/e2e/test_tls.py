@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests import conftest
 from tests.certificates import Certificates, make_certificates
 from tests.conftest import RepoBuilder, RunningServer, start_server
 from tests.e2e.test_grpc import CONFIG, ENGINES
@@ -334,15 +335,18 @@ def test_sighup_reloads_the_server_certificate_of_the_native_engines(repo: RepoB
     flags = ["--http-use-ssl", "true", "--http-server-cert", str(live_cert), "--http-server-key", str(live_key),
              "--grpc-use-ssl", "true", "--grpc-server-cert", str(live_cert), "--grpc-server-key", str(live_key)]
     renewed = make_certificates(tmp_path / "renewed")  # another CA: a client trusting only it tells them apart
+    # HTTP and gRPC in the main process, and HTTP again in each front-end worker (--workers)
+    reloads = 2 + (conftest.WORKERS if conftest.WORKERS > 1 else 0)
     for server in _serve(repo, tmp_path, certs, *flags):
         with pytest.raises(ssl.SSLError):
             _handshake(server.port, renewed)
         shutil.copy(renewed.server_cert, live_cert)
         shutil.copy(renewed.server_key, live_key)
         server.process.send_signal(signal.SIGHUP)
-        # until the reload is logged (the signal is handled on the loop)
-        wait_until(lambda: server.log().count("read again") == 2, "the certificates read again")
-        assert server.log().count("-server-cert and --") == 2, server.log()
+        # until every reload is logged (the signal is handled on each process's loop)
+        wait_until(lambda: server.log().count("read again") == reloads,
+                   lambda: f"the certificates read again {reloads} times: {server.log()}")
+        assert server.log().count("-server-cert and --") == reloads, server.log()
         _handshake(server.port, renewed)
         with _grpc_client(server, renewed) as client:
             assert client.is_server_live()

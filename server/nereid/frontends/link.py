@@ -39,7 +39,7 @@ __all__ = ["WorkerLink"]
 _log = logging.getLogger("nereid")
 
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
-_CREDIT = Kind.CREDIT.value
+_CREDIT, _ARMED = Kind.CREDIT.value, Kind.ARMED.value
 _ANSWER, _DONE = Kind.ANSWER.value, Kind.DONE.value
 _DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
     Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
@@ -87,6 +87,9 @@ class WorkerLink(asyncio.Protocol):
         #: called before anything is written to the worker (``StatsPublisher.publish``:
         #: what an answer counted is in the shared statistics before it leaves)
         self.before_write: Callable[[], None] | None = None
+        #: the worker handles its signals (ARMED); ``on_armed`` is called when it says so
+        self.armed = False
+        self.on_armed: Callable[[], None] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -146,6 +149,10 @@ class WorkerLink(asyncio.Protocol):
             returned = self.windows.returned
             for id, size in message[1]:
                 returned(id, size)
+        elif kind == _ARMED:
+            self.armed = True
+            if self.on_armed is not None:
+                self.on_armed()
         else:
             _log.error("front-end worker %d: unexpected message %r", self.index, message[:2])
 

@@ -21,7 +21,7 @@ _LENGTH = struct.Struct("<I")
 
 
 class Kind(enum.IntEnum):
-    """What a message is. Worker -> main: INFER, DECODED, ASGI, WITHDRAW, FREED, CREDIT. Main ->
+    """What a message is. Worker -> main: ARMED, INFER, DECODED, ASGI, WITHDRAW, FREED, CREDIT. Main ->
     worker: OPTIONS (first, once), ANSWER, RESULTS, RESULT, RETRY, START, BODY, CLOSE, DONE, STOP,
     MODEL, FORGET, DIRECTORY; and the GRPC_* pairs of relayed gRPC calls. A DECODED message
     of a gRPC ModelInfer carries one more field, True."""
@@ -41,6 +41,9 @@ class Kind(enum.IntEnum):
     #: (CREDIT, ((id, size), ...)): bytes of streamed responses (BODY, GRPC_SEND) the
     #: worker handed to their clients' connections (send_windows.py)
     CREDIT = 6
+    #: (ARMED,): the worker's signal handlers are in place: from now on SIGHUP makes it read
+    #: its certificate again (before, the signal's default would end it)
+    ARMED = 7
     #: (OPTIONS, ServerOptions, worker index, TlsFiles or None)
     OPTIONS = 10
     #: (ANSWER, id, status, headers, offset, length, inline body or None, repeat):

@@ -51,6 +51,8 @@ class _Worker:
     link: WorkerLink
     arena: Arena
     started: float
+    #: a reload (SIGHUP) asked for before the worker was armed, passed on once it is
+    reload_when_armed: bool = False
 
 
 class FrontEnds:
@@ -181,13 +183,26 @@ class FrontEnds:
         link.send((Kind.OPTIONS.value, self.options, index, self.tls))
         self.directory.join(index, link)
         _log.debug("HTTP front-end worker %d started (pid %d)", index, process.pid)
-        return _Worker(index, process, link, arena, time.monotonic())
+        worker = _Worker(index, process, link, arena, time.monotonic())
+        link.on_armed = lambda: self._armed(worker)
+        return worker
 
     def reload_certificates(self) -> None:
-        """Every worker reads its server certificate and key again (SIGHUP passed on)."""
+        """Every worker reads its server certificate and key again (SIGHUP passed on).
+        A worker still starting (its handlers not in place: SIGHUP would end it) is
+        signalled once it says it is armed (it may have read the files before now)."""
         for worker in self._workers.values():
-            if worker.process.returncode is None:
+            if worker.process.returncode is not None:
+                continue
+            if worker.link.armed:
                 worker.process.send_signal(signal.SIGHUP)
+            else:
+                worker.reload_when_armed = True
+
+    def _armed(self, worker: _Worker) -> None:
+        if worker.reload_when_armed and worker.process.returncode is None:
+            worker.reload_when_armed = False
+            worker.process.send_signal(signal.SIGHUP)
 
     def _link(self, arena: Arena, index: int) -> WorkerLink:
         if self.grpc_server is None:

@@ -30,6 +30,7 @@ from nereid.frontends.arena import Arena
 from nereid.frontends.directory_sync import DirectoryCopy, SharedGeneration
 from nereid.frontends.forwarding import MainLink, WorkerApp
 from nereid.frontends.local_answers import LocalAnswers
+from nereid.frontends.messages import Kind
 from nereid.frontends.shared_stats import StatisticsCopy, StatsTable
 from nereid.frontends.shared_limits import CountedConnections, SharedLimits, SharedRequestBudget
 from nereid.http.app import NereidApp
@@ -92,6 +93,7 @@ async def _serve(
     if tls is not None:
         loop.add_signal_handler(signal.SIGHUP, _reload, tls, tls_files, index)
     loop.add_signal_handler(signal.SIGTERM, link.stopped.set)
+    link.send((Kind.ARMED.value,))  # the main process may pass SIGHUP on from now
     link.max_json_size = options.http_max_input_size
     restricted = any("inference" in restriction.groups for restriction in options.http_restricted_api)
     app = WorkerApp(link, restricted_inference=restricted, local=LocalAnswers(directory, options, statistics))
@@ -146,7 +148,7 @@ def _reload(context: ssl.SSLContext, files: TlsFiles, index: int) -> None:
     except StartupError as exc:
         _log.error("HTTP front-end worker %d: TLS: %s; still serving the certificate read before", index, exc)
     else:
-        _log.debug("HTTP front-end worker %d: TLS: %s-server-cert and %s-server-key read again", index,
+        _log.info("HTTP front-end worker %d: TLS: %s-server-cert and %s-server-key read again", index,
                    files.prefix, files.prefix)
 
 

@@ -187,3 +187,15 @@ def test_inputs_are_read_right_whether_or_not_the_blocks_follow_each_other(tmp_p
             assert got == {id: [2.0 * id, -2.0 * id] for id in range(1, 4)}
 
     run(scenario())
+
+
+def test_armed_says_the_worker_handles_its_signals_and_tells_whoever_waits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, _, _, _ in _linked(tmp_path):
+            told: list[bool] = []
+            link.on_armed = lambda: told.append(link.armed)
+            assert not link.armed
+            link.data_received(frame((Kind.ARMED.value,)))
+            assert link.armed and told == [True]
+
+    run(scenario())
