@@ -8,6 +8,7 @@ it (/proc/<pid>/fd). Linux only, like SO_REUSEPORT's spreading.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -320,6 +322,17 @@ def raw_get(connection: socket.socket, path: str, method: str = "GET", body: byt
     return read_response(connection)
 
 
+@contextlib.contextmanager
+def main_process_stopped(server: RunningServer) -> Iterator[None]:
+    """The server's main process stopped (SIGSTOP: it answers nothing) for the block, then
+    let go on: what the workers answer meanwhile, they answer themselves."""
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
 def read_response(connection: socket.socket) -> bytes:
     data = b""
     while b"\r\n\r\n" not in data:
@@ -359,16 +372,13 @@ def test_health_metadata_and_config_are_answered_in_the_worker_not_the_main_proc
     server = serve(repo.root, "--http-workers", "2", "--model-control-mode", "explicit", "--load-model", "identity")
     connection = socket.create_connection(("127.0.0.1", server.port), timeout=60)
     expected = {path: raw_get(connection, path) for path in LOOKUPS}
-    os.kill(server.process.pid, signal.SIGSTOP)  # the main process answers nothing now
-    try:
+    with main_process_stopped(server):
         for path in LOOKUPS:
             assert raw_get(connection, path) == expected[path], path
         connection.sendall(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n")  # forwarded: it waits
         connection.settimeout(0.5)
         with pytest.raises(TimeoutError):
             connection.recv(1)
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
     connection.settimeout(60)
     assert read_response(connection).startswith(b"HTTP/1.1 200 OK\r\n")  # answered once it runs again
     connection.close()
@@ -486,15 +496,12 @@ def test_statistics_are_answered_in_the_worker_not_the_main_process(repo: RepoBu
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     expected = {path: raw_get(connection, path) for path in STATISTICS}
     expected_grpc = grpc.get_inference_statistics("identity")
-    os.kill(server.process.pid, signal.SIGSTOP)  # the main process answers nothing now
-    try:
+    with main_process_stopped(server):
         for path in STATISTICS:
             assert raw_get(connection, path) == expected[path], path
         assert grpc.get_inference_statistics("identity", client_timeout=30) == expected_grpc
         with pytest.raises(grpcclient.InferenceServerException, match="requested model 'gone' is not available"):
             grpc.get_inference_statistics("gone", client_timeout=30)
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
     assert b'"inference_count":1,' in expected["/v2/models/identity/stats"]
     assert expected_grpc.model_stats[-1].inference_stats.success.count == 1  # version 2, the latest
     grpc.close()

@@ -79,14 +79,20 @@ def run(repo: RepoBuilder, scenario: Any, options: ServerOptions | None = None, 
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+async def answered_alike(app: Any, local: LocalAnswers, paths: list[str]) -> None:
+    """Each GET of ``paths`` answered by the worker itself, sending exactly what the main
+    app sends."""
+    for path in paths:
+        main, here = Sent(), Sent()
+        await app(scope(path), no_body, main)
+        assert await local.answer(scope(path), here), path
+        assert here == main, path
+    assert local.answered == len(paths)
+
+
 def test_lookups_are_answered_with_the_main_apps_exact_messages(repo: RepoBuilder) -> None:
     async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
-        for path in LOOKUPS:
-            main, here = Sent(), Sent()
-            await app(scope(path), no_body, main)
-            assert await local.answer(scope(path), here), path
-            assert here == main, path
-        assert local.answered == len(LOOKUPS)
+        await answered_alike(app, local, LOOKUPS)
 
     run(repo, scenario)
 
@@ -101,12 +107,7 @@ STATISTICS = [
 
 def test_statistics_are_answered_with_the_main_apps_exact_messages(repo: RepoBuilder) -> None:
     async def scenario(app: Any, local: LocalAnswers, generation: SharedGeneration) -> None:
-        for path in STATISTICS:
-            main, here = Sent(), Sent()
-            await app(scope(path), no_body, main)
-            assert await local.answer(scope(path), here), path
-            assert here == main, path
-        assert local.answered == len(STATISTICS)
+        await answered_alike(app, local, STATISTICS)
 
     run(repo, scenario, statistics=True)
 
