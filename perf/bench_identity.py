@@ -37,6 +37,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -441,6 +442,25 @@ def parse_csv(path: Path) -> dict[str, float]:
     }
 
 
+def client_cpu_seconds() -> float:
+    """The CPU time of this process's children that have ended (perf_analyzer's runs: the
+    servers are still running, so theirs is not in it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def host_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core since boot (/proc/stat's first line; (0, 0)
+    where there is none): the host's busy share over a run is their difference's ratio."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
 def run_level(
     args: argparse.Namespace, server: Server, concurrency: int, repeat: int, work: Path
 ) -> Run:
@@ -451,11 +471,17 @@ def run_level(
     for attempt in range(args.retries + 1):
         load1 = os.getloadavg()[0]
         cpu0, count0 = server.cpu_seconds(), server.success_count()
+        client0, host0 = client_cpu_seconds(), host_ticks()
         r = run_perf_analyzer(args, server, concurrency, repeat, work, stability, attempt)
         cpu1, count1 = server.cpu_seconds(), server.success_count()
+        client1, host1 = client_cpu_seconds(), host_ticks()
         r.load1 = load1
         if count1 > count0:
             r.cpu_us = (cpu1 - cpu0) / (count1 - count0) * 1e6
+            r.extra["client_cpu_us"] = (client1 - client0) / (count1 - count0) * 1e6
+        busy, total = host1[0] - host0[0], host1[1] - host0[1]
+        if total > 0:
+            r.extra["host_busy"] = busy / total
         if r.ok or "stable measurement" not in r.error or attempt == args.retries:
             return r
         log(f"{server.name} c={concurrency}: no stable measurement within -s {stability:g}; "

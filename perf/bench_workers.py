@@ -12,9 +12,10 @@ repeat) perf_analyzer runs ``-i http -b 1 --concurrency-range C`` against a serv
 ``--http-workers N``; the medians, the ratios of each N to N = 1 and each server's CPU
 time per inference (all its processes, from /proc) are printed, every run goes to --csv
 and the medians to --plot; each run's CPU is split between the main process and the
-workers (the CSV's last column, and a table at the end). Runs unchanged on a many-core machine (say ``--workers
-1,4,8,16 --concurrency 64,256 --model bert``); on a 2-core machine perf_analyzer takes
-about a core itself.
+workers (the CSV's last columns, and a table at the end), with perf_analyzer's own CPU per
+inference and the host's busy share (is the load generator, or the host, the limit?).
+Runs unchanged on a many-core machine (say ``--workers 1,4,8,16 --concurrency 64,256
+--model bert``); on a 2-core machine perf_analyzer takes about a core itself.
 
     PYTHONPATH=$PWD/server python perf/bench_workers.py --workers 1,2 --concurrency 64 --repeats 3 \
         --csv perf/plots/workers.csv --plot perf/plots/workers.png
@@ -162,11 +163,14 @@ def plot(path: Path, rows: list[dict[str, object]], names: list[str], levels: li
 
 
 def _add_main_cpu(path: Path, runs: list[Run]) -> None:
-    """A column for the main process's CPU per inference in write_csv's file."""
+    """Columns for the main process's and perf_analyzer's CPU per inference and the host's
+    busy share in write_csv's file."""
     lines = path.read_text().splitlines()
-    lines[0] += ",main_cpu_us_per_infer"
+    lines[0] += ",main_cpu_us_per_infer,perf_analyzer_cpu_us_per_infer,host_busy"
+    nan = float("nan")
     for index, run in enumerate(runs, start=1):
-        lines[index] += f",{run.extra.get('main_cpu_us', float('nan')):.1f}"
+        lines[index] += (f",{run.extra.get('main_cpu_us', nan):.1f},{run.extra.get('client_cpu_us', nan):.1f}"
+                         f",{run.extra.get('host_busy', nan):.3f}")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -223,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                         run.extra["main_cpu_us"] = run.cpu_us * server.main_share()
                         log(f"{server.name} c={level} r={repeat}: "
                             + (f"{run.throughput:,.0f} infer/s, {run.cpu_us:.0f} us CPU/infer "
-                               f"(main process {run.extra['main_cpu_us']:.0f})" if run.ok else run.error))
+                               f"(main process {run.extra['main_cpu_us']:.0f}); perf_analyzer "
+                               f"{run.extra.get('client_cpu_us', float('nan')):.0f} us/infer; host "
+                               f"{run.extra.get('host_busy', float('nan')):.0%} busy" if run.ok else run.error))
                         failed |= not run.ok
                         runs.append(run)
                 finally:
@@ -239,14 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     for name in ours if baselines else []:  # each count against the baseline build's
         print(f"\n{name} against base-{name} ({args.model} model, {args.protocol.upper()}):")
         print_table(rows, [name, f"base-{name}"], levels)
-    print("\nserver CPU per inference, medians (us): all processes / main process / workers")
+    print("\nCPU per inference, medians (us): server (all processes / main process / workers), perf_analyzer;"
+          " the host's busy share")
+    nan = float("nan")
     for level in levels:
         for name in names:
             ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
             if ok:
                 total = statistics.median(run.cpu_us for run in ok)
                 main = statistics.median(run.extra["main_cpu_us"] for run in ok)
-                print(f"{name:<7} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}")
+                client = statistics.median(run.extra.get("client_cpu_us", nan) for run in ok)
+                busy = statistics.median(run.extra.get("host_busy", nan) for run in ok)
+                print(f"{name:<7} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}, "
+                      f"{client:6.1f}; {busy:4.0%}")
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
         _add_main_cpu(Path(args.csv), runs)

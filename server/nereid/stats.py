@@ -199,11 +199,12 @@ class ModelStats:
         self.changed = True
         self.queue_buckets[bisect.bisect_left(_QUEUE_BUCKETS_NS, queue_ns)] += 1
 
-    def record_failure(self, total_ns: int, reason: str = "OTHER") -> None:
-        """One failed request; ``reason`` is Triton's metric label."""
+    def record_failure(self, total_ns: int, reason: str = "OTHER", count: int = 1) -> None:
+        """One failed request (``count`` alike, each after ``total_ns``); ``reason`` is
+        Triton's metric label."""
         self.changed = True
-        self.fail.add(total_ns)
-        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+        self.fail.add(total_ns * count, count)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + count
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_answer(self, ns: int) -> None:

@@ -14,8 +14,12 @@ would load every model N times and split every batch N ways.
                  message (socket pair; the request's template is sent once, then named
                  by number)
                  main: WorkerLink -> InferRequest of views on the arena (no copy)
-                       -> ServingModel.submit_many (a frame's requests at once, each its own
-                       entry in the same queue as everyone's) -> batch
+                       -> ServingModel.submit_bundle (a frame's requests of one template
+                       as one entry of all their rows, up to the model's largest batch,
+                       in the same queue as everyone's, counted one by one; where the
+                       model could tell -- execute(requests), batch_size(), a bounded
+                       queue, no dynamic batching -- submit_many: each its own entry)
+                       -> batch
                  outputs -> arena i + RESULTS (the outputs of every request answered
                  in one loop turn joined in one block, one message) -> the worker
                  encodes and writes each answer

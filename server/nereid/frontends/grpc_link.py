@@ -172,6 +172,10 @@ class GrpcWorkerLink(WorkerLink):
         self._grpc_ids.discard(id)
         super().answered(id, version, outputs)
 
+    def answered_rows(self, ids: list[int], rows: int, version: int, outputs: dict[str, Any]) -> None:
+        self._grpc_ids.difference_update(ids)
+        super().answered_rows(ids, rows, version, outputs)
+
     def send_error(self, id: int, error: NereidError) -> None:
         if id in self._grpc_ids:
             self._grpc_ids.discard(id)

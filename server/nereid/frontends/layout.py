@@ -13,7 +13,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["Layout", "layout_size", "read_arrays", "read_blocks", "row_signature", "rows_size", "write_arrays", "write_rows"]
+__all__ = [
+    "Layout", "layout_size", "read_arrays", "read_blocks", "read_rows", "row_signature", "rows_size", "write_arrays",
+    "write_rows",
+]
 
 Layout = tuple[tuple[str, int, "str | np.dtype[Any]", tuple[int, ...]], ...]
 
@@ -84,6 +87,22 @@ def read_blocks(buffer: memoryview, offset: int, step: int, count: int, layout: 
         name, column = columns[0]
         return [{name: array} for array in column]
     return [{name: column[index] for name, column in columns} for index in range(count)]
+
+
+def read_rows(buffer: memoryview, offset: int, step: int, count: int, layout: Layout) -> dict[str, np.ndarray]:
+    """The arrays of ``count`` blocks laid out as ``read_blocks`` reads them, joined along
+    their first axis (each name's rows of every block one after the other), C-contiguous:
+    views on the buffer when the blocks' rows lie back to back, else copies."""
+    joined = {}
+    for name, at, dtype, shape in layout:
+        itemsize = np.dtype(dtype).itemsize
+        strides = [itemsize] * len(shape)
+        for axis in range(len(shape) - 1, 0, -1):
+            strides[axis - 1] = strides[axis] * shape[axis]
+        column = np.ndarray((count, *shape), dtype, buffer=buffer, offset=offset + at, strides=(step, *strides))
+        rows = column.reshape((count * shape[0], *shape[1:]))  # a view where it can be one
+        joined[name] = rows if rows.flags.c_contiguous else np.ascontiguousarray(rows)
+    return joined
 
 
 def row_signature(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[Any, ...], int] | None:

@@ -1,10 +1,12 @@
 """WorkerLink: the main process's end of one front-end worker's link.
 
 Takes the requests the worker decoded (DECODED) into their model's queue, the run of
-them one frame brings in one call (``ServingModel.submit_many``: one wake-up of the
-batcher, each request still its own queue entry), their inputs views on the arena; their
-outputs go back joined, one arena block and one RESULTS message per loop turn, model
-version and kind of outputs. The worker's INFER messages (raw bodies) go into the main
+them one frame brings in one call, their inputs views on the arena: as bundles where the
+model takes them (``ServingModel.submit_bundle``: the requests of one template queued as
+one entry of all their rows, up to its largest batch, answered at once and counted one
+by one), else each its own entry (``ServingModel.submit_many``: one wake-up of the
+batcher); their outputs go back joined, one arena block and one RESULTS message per loop
+turn, model version and kind of outputs. The worker's INFER messages (raw bodies) go into the main
 app's infer flow (``Endpoints.start_infer``, the same call the native engine makes, so
 the request joins the same queue and batches as every other) and its ASGI messages into
 the main app (``AsgiExchange``, as the native engine runs any other request); those
@@ -22,9 +24,9 @@ from typing import Any, Callable
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
 from nereid.frontends.layout import (
-    layout_size, read_arrays, read_blocks, row_signature, rows_size, write_arrays, write_rows,
+    layout_size, read_arrays, read_blocks, read_rows, row_signature, rows_size, write_arrays, write_rows,
 )
-from nereid.frontends.link_answers import DecodedAnswer, ForwardedExchange, InferAnswer
+from nereid.frontends.link_answers import BundleAnswer, DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.frontends.send_windows import SendWindows
 from nereid.http._asgi import error_parts
@@ -79,9 +81,9 @@ class WorkerLink(asyncio.Protocol):
         self.windows = SendWindows()
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
-        #: decoded requests' outputs answered over this loop turn: sent together at the
-        #: flush (RESULTS)
-        self._answered: list[tuple[int, int, dict[str, Any]]] = []
+        #: decoded requests' outputs answered over this loop turn, sent together at the
+        #: flush (RESULTS): (its id, or a bundle's ((id, rows), ...)), version, outputs
+        self._answered: list[tuple[Any, int, dict[str, Any]]] = []
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         #: called before anything is written to the worker (``StatsPublisher.publish``:
@@ -249,7 +251,11 @@ class WorkerLink(asyncio.Protocol):
         offsets = [message[5] for message in messages]
         first = offsets[0]
         step = offsets[1] - first if count > 1 else 0
-        if step > 0 and offsets == list(range(first, first + count * step, step)):
+        evenly = step > 0 and offsets == list(range(first, first + count * step, step))
+        if evenly and serving.bundle_limit >= 2 * rows:
+            self._submit_bundles(serving, template, messages, step)
+            return
+        if evenly:
             inputs = read_blocks(buffer, first, step, count, layout)
         else:
             inputs = [read_arrays(buffer, offset, layout) for offset in offsets]
@@ -272,6 +278,40 @@ class WorkerLink(asyncio.Protocol):
             elif held is not None and not answer.answered:
                 held[answer.id] = ticket
 
+    def _submit_bundles(self, serving: ServingModel, template: tuple[Any, ...], messages: list[tuple[Any, ...]],
+                        step: int) -> None:
+        """Queue decoded requests of one template, their blocks ``step`` bytes apart, as
+        bundles of at most ``bundle_limit`` rows (``ServingModel.submit_bundle``): each
+        one queue entry whose inputs are all its requests' rows (views on the arena where
+        they lie back to back), answered through one ``BundleAnswer``."""
+        rows, outputs, parameters, priority, timeout_us, binary, layout = template
+        buffer = self.arena.requests
+        size = serving.bundle_limit // rows
+        held = self.tickets if self._outbox is not None else None
+        name, version = serving.name, serving.version
+        for start in range(0, len(messages), size):
+            run = messages[start:start + size]
+            count = len(run)
+            ids = [message[1] for message in run]
+            received = [message[7] for message in run]
+            request = InferRequest(name, read_rows(buffer, run[0][5], step, count, layout), rows * count, "", version,
+                                   outputs, dict(parameters), priority, timeout_us, binary)
+            answer = BundleAnswer(self, ids, received, rows, serving)
+            try:
+                bundle = serving.submit_bundle(request, count, sum(received) // count, answer)
+            except NereidError as exc:
+                bundle = exc
+            except Exception as exc:  # a bug must cost these requests only
+                _log.exception("infer on model %r failed unexpectedly", name)
+                bundle = InternalError(f"internal error in infer on model '{name}': {exc}")
+            if isinstance(bundle, NereidError):
+                answer.set_exception(bundle)
+                continue
+            answer.bundle = bundle
+            if held is not None and not answer.answered:
+                for id in ids:
+                    held[id] = answer
+
     def answered(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         """A decoded request's outputs: sent at this loop turn's end with the others
         answered in it (``_send_results``), as the batcher already has the instance run
@@ -285,6 +325,20 @@ class WorkerLink(asyncio.Protocol):
             outbox.before_flush(self._send_results)
         self._answered.append((id, version, outputs))
 
+    def answered_rows(self, ids: list[int], rows: int, version: int, outputs: dict[str, Any]) -> None:
+        """A bundle's outputs, each of ``ids``' ``rows`` one after the other: sent with
+        the others answered in this turn, as ``answered``'s (a request withdrawn
+        meanwhile is named too: the worker, which had DONE for it, skips it)."""
+        tickets = self.tickets
+        for id in ids:
+            tickets.pop(id, None)
+        outbox = self._outbox
+        if outbox is None:
+            return
+        if not self._answered:
+            outbox.before_flush(self._send_results)
+        self._answered.append((tuple((id, rows) for id in ids), version, outputs))
+
     def _send_results(self) -> None:
         """This turn's outputs: those of one version and kind of outputs joined into one
         arena block, one copy per output name, one RESULTS message (a RESULT each when
@@ -292,7 +346,7 @@ class WorkerLink(asyncio.Protocol):
         answered, self._answered = self._answered, []
         if self._outbox is None:
             return
-        groups: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}
+        groups: dict[tuple[Any, ...], list[tuple[Any, int, dict[str, Any]]]] = {}
         for id, version, outputs in answered:
             if len(outputs) == 1:  # the common case, row_signature's without its call
                 [(name, array)] = outputs.items()
@@ -315,7 +369,9 @@ class WorkerLink(asyncio.Protocol):
         for (version, signature), group in groups.items():
             self._send_group(version, signature, group)
 
-    def _send_group(self, version: int, signature: tuple[Any, ...], group: list[tuple[int, int, dict[str, Any]]]) -> None:
+    def _send_group(self, version: int, signature: tuple[Any, ...], group: list[tuple[Any, int, dict[str, Any]]]) -> None:
+        """Outputs of one version and signature in one block: a request's (its id) or a
+        bundle's (its ((id, rows), ...)) rows after the other's."""
         rows = 0
         for _, count, _ in group:
             rows += count
@@ -332,11 +388,22 @@ class WorkerLink(asyncio.Protocol):
             self.ring.free(offset)
             _log.exception("sending outputs to HTTP worker %d failed", self.index)
             for id, _, _ in group:
-                self.send_error(id, InternalError(f"internal error in infer: {exc}"))
+                for one, _ in _members(id, 0):
+                    self.send_error(one, InternalError(f"internal error in infer: {exc}"))
             return
-        self.send((_RESULTS, version, offset, layout, tuple((id, count) for id, count, _ in group)))
+        entries: list[tuple[int, int]] = []
+        for id, count, _ in group:
+            entries += _members(id, count)
+        self.send((_RESULTS, version, offset, layout, tuple(entries)))
 
-    def _send_alone(self, id: int, version: int, outputs: dict[str, Any]) -> None:
+    def _send_alone(self, id: Any, version: int, outputs: dict[str, Any]) -> None:
+        """One request's outputs on their own (RESULT); a bundle's, each request's rows."""
+        if type(id) is not int:  # a bundle's
+            start = 0
+            for one, rows in id:
+                self._send_alone(one, version, {name: array[start:start + rows] for name, array in outputs.items()})
+                start += rows
+            return
         try:
             self._send_result(id, version, outputs)
         except Exception as exc:  # a bug: this request fails, loudly
@@ -392,7 +459,9 @@ class WorkerLink(asyncio.Protocol):
 
     def _withdraw(self, id: int) -> None:
         ticket = self.tickets.pop(id, None)
-        if ticket is not None:
+        if isinstance(ticket, BundleAnswer):
+            ticket.withdraw_member(id)
+        elif ticket is not None:
             ticket.withdraw()
         exchange = self._exchanges.pop(id, None)
         if exchange is not None:
@@ -408,3 +477,8 @@ class WorkerLink(asyncio.Protocol):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _members(id: Any, rows: int) -> Any:
+    """The (id, rows) of an ``_answered`` entry's requests: its own, or a bundle's."""
+    return ((id, rows),) if type(id) is int else id

@@ -123,6 +123,12 @@ class ProcessInstance:
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None:
         return self._cost
 
+    @property
+    def sees_requests(self) -> bool:
+        """The model gets the batch's requests one by one (a TritonPythonModel's
+        ``execute``), not one batch of inputs (known once started)."""
+        return self.model_class is not None and self.model_class.triton
+
     # -- life --------------------------------------------------------------------------
 
     async def start(self) -> None:

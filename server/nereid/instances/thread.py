@@ -105,6 +105,12 @@ class ModelInstance(DecoupledBatches):
         """The model's ``batch_size(inputs)`` method, when it defines one."""
         return self._cost
 
+    @property
+    def sees_requests(self) -> bool:
+        """The model gets the batch's requests one by one (a TritonPythonModel's
+        ``execute``), not one batch of inputs."""
+        return self.model_class.triton
+
     async def start(self) -> None:
         """Construct the user's Model on this instance's thread. Raises ModelLoadError."""
         try:

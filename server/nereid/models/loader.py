@@ -260,6 +260,7 @@ def batcher_for(name: str, config: ModelConfig, instances: Sequence[Instance], s
         rows_of=rows_of,
         streaming=config.decoupled,
         execution_timeout_ms=config.execution_timeout_ms,
+        bundles=cost_fn is None and not any(instance.sees_requests for instance in instances),
     )
 
 

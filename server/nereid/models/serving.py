@@ -25,7 +25,7 @@ from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
 from nereid.instances.process import ProcessInstance
 from nereid.repository.model_file import ModelClass
-from nereid.scheduling.pending import Answer, OnAnswer
+from nereid.scheduling.pending import Answer, Bundle, BundleAnswer, OnAnswer
 from nereid.stats import ModelStats
 
 __all__ = ["ServingModel", "Ticket"]
@@ -137,6 +137,24 @@ class ServingModel:
             except NereidError as exc:
                 tickets.append(exc)
         return tickets
+
+    @property
+    def bundle_limit(self) -> int:
+        """The most rows one bundle of requests may hold (``submit_bundle``); 0: this
+        version takes none (``BatcherLifecycle.bundle_limit``)."""
+        batcher = self.batcher
+        return batcher.bundle_limit if isinstance(batcher, DynamicBatcher) else 0
+
+    def submit_bundle(self, request: InferRequest, count: int, received_ns: int,
+                      answer: BundleAnswer) -> Bundle | NereidError:
+        """Queue ``count`` alike requests as one entry (``DynamicBatcher.submit_bundle``):
+        ``request`` holds all their rows, ``received_ns`` is their mean, ``answer``
+        answers them all; only within ``bundle_limit``. Its Bundle, or the error that
+        refused it."""
+        batcher = self.batcher
+        assert isinstance(batcher, DynamicBatcher) and self.successor is None and not self.retired
+        return batcher.submit_bundle(request, count, received_ns, answer, priority=request.priority,
+                                     timeout_us=request.timeout_us)
 
     async def stream(
         self, request: InferRequest, received_ns: int | None = None

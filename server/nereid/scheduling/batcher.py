@@ -22,7 +22,7 @@ from nereid.errors import NereidError, QueueFullError, RequestTimeoutError, Unav
 from nereid.scheduling.batcher_lifecycle import BatcherLifecycle
 from nereid.scheduling.clock import PRECISE_BELOW_NS
 from nereid.scheduling.execution import Instance, Outcome
-from nereid.scheduling.pending import Answer, CallbackAnswer, OnAnswer, Pending, Stream, awaited
+from nereid.scheduling.pending import Answer, Bundle, BundleAnswer, CallbackAnswer, OnAnswer, Pending, Stream, awaited
 from nereid.scheduling.staging import Running, Stage
 
 __all__ = ["DynamicBatcher", "Instance", "Outcome"]
@@ -91,6 +91,45 @@ class DynamicBatcher(BatcherLifecycle):
         self._arrived(now, deadline_ns)
         return admitted
 
+    def submit_bundle(self, payload: Any, count: int, received_ns: int, answer: BundleAnswer, *, priority: int = 0,
+                      timeout_us: int | None = None) -> Bundle | NereidError:
+        """Queue ``count`` alike requests of one caller as one entry (a ``Bundle``: one
+        queue entry, one payload of all their rows, ``received_ns`` their mean), answered
+        at once through ``answer``; only where ``bundle_limit`` allows it, and with a cost
+        within it. Its Bundle (``withdraw_part`` when one of them is no longer wanted), or
+        the error that refused it. Raises UnavailableError once closed."""
+        now, level, deadline_ns = self._admission(priority, timeout_us)
+        bundle = Bundle(self._cost_of(payload), self._signature_of(payload), level, now, deadline_ns, payload,
+                        received_ns, answer, self)
+        bundle.count = count
+        try:
+            self._queue.push(bundle)
+        except NereidError as exc:
+            self.stats.record_failure(now - received_ns, "REJECTED", count)
+            return exc
+        if self._order is not None:
+            self._order.track(bundle)
+        self._arrived(now, deadline_ns)
+        return bundle
+
+    def withdraw_part(self, bundle: Pending, payload: Any, received_ns: int) -> bool:
+        """One of the requests ``bundle`` stands for (received at ``received_ns``) is no
+        longer wanted. While the bundle waits, it leaves it: the bundle holds ``payload``
+        (its other requests' rows) from now on and that request is counted as CANCELED
+        (True). Once a batch took the bundle, its rows run and are counted (False: its
+        answer is for the bundle's Answer to drop)."""
+        if bundle.removed:
+            return False
+        count = bundle.count
+        if count <= 1:  # its last request: the bundle goes
+            self.withdraw(bundle)
+            return True
+        bundle.received_ns = (bundle.received_ns * count - received_ns) // (count - 1)
+        bundle.request = payload
+        self._queue.recost(bundle, self._cost_of(payload), count - 1)
+        self.stats.record_failure(self._clock() - received_ns, "CANCELED")
+        return True
+
     def _admit_or_error(self, payload: Any, received_ns: int, answer: Answer, level: int, now: int,
                         deadline_ns: int) -> Pending | NereidError:
         try:
@@ -119,7 +158,7 @@ class DynamicBatcher(BatcherLifecycle):
         as CANCELED) or, already running, gets no answer (a stream: no more steps)."""
         pending.answer.cancel()
         if self._queue.discard(pending):
-            self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED")
+            self.stats.record_failure(self._clock() - pending.received_ns, "CANCELED", pending.count)
 
     def _enqueue(self, payload: Any, received_ns: int | None, answer: Answer, priority: int,
                  timeout_us: int | None) -> Pending:

@@ -43,11 +43,14 @@ class BatcherLifecycle:
         streaming: bool = False,
         execution_timeout_ms: int = 0,
         clock: Clock = SYSTEM_CLOCK,
+        bundles: bool = False,
     ) -> None:
         """``cost_of`` counts a payload against ``max_batch_size``, payloads batch only
         with equal ``signature_of``, ``rows_of`` is what statistics count;
         ``execution_timeout_ms`` (0: none) bounds a batch on an instance that does not
-        enforce it; ``clock``: tests pass one they move by hand."""
+        enforce it; ``clock``: tests pass one they move by hand; ``bundles``: the model
+        cannot tell a Bundle from the requests it stands for (it gets one batch of
+        inputs, its cost is rows), so ``bundle_limit`` may allow them."""
         self.model_name = model_name
         self.instances = tuple(instances)
         self.stats = stats
@@ -58,6 +61,8 @@ class BatcherLifecycle:
         self._cost_of = cost_of
         self._signature_of = signature_of
         self._queue: RequestQueue[Pending] = RequestQueue(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
+        queue = self._queue
+        self._bundles = bundles and queue.batching and not streaming and not queue.bounded
         #: decoupled models stream: their batches run through ``run_stream``.
         self.streaming = streaming
         self._form_lock = asyncio.Lock()
@@ -75,6 +80,19 @@ class BatcherLifecycle:
         #: busy slots that may hand their next batch over early
         self._stager = Stager(self._queue, self._clock, self._call_at, self._form, self._launch, lambda: self._idle)
         self._execution = Execution(model_name, self._answers, rows_of, self._answer_rerun, execution_timeout_ms)
+
+    @property
+    def bundle_limit(self) -> int:
+        """The most cost one Bundle may hold (``DynamicBatcher.submit_bundle``); 0: none.
+        A Bundle is batched as one entry, so it is kept to what the model would batch
+        whole anyway (the largest preferred size, or max_batch_size); there are none
+        where one could be told from its requests: no dynamic batching (a batch per
+        request), a max_queue_size (it counts requests), a decoupled model, or a model
+        that sees requests one by one or counts its own cost (``bundles`` False)."""
+        if not self._bundles:
+            return 0
+        queue = self._queue
+        return min(queue.max_preferred, queue.max_batch_size)
 
     if TYPE_CHECKING:  # the request flow: DynamicBatcher's (batcher.py)
         async def _worker(self, instance: Instance) -> None: ...
@@ -96,7 +114,7 @@ class BatcherLifecycle:
     def queue_depth(self) -> int:
         """Requests waiting now: in the queue, or in a batch handed to an instance ahead of
         time that has not begun."""
-        return len(self._queue) + self._queue.held
+        return self._queue.waiting + self._queue.held
 
     @property
     def executing(self) -> int:

@@ -60,6 +60,11 @@ class _FunctionRunner:
     def cost_function(self) -> None:
         return None
 
+    @property
+    def sees_requests(self) -> bool:
+        """The function gets the items themselves: a bundle would be one item to it."""
+        return True
+
     async def run_batch(self, items: Sequence[Any], /) -> _Outcome:
         started = time.monotonic_ns()
         try:

@@ -19,7 +19,7 @@ import numpy as np
 
 from nereid.errors import ExecutionTimeoutError, InternalError, ModelExecutionError, NereidError
 from nereid.inference import InferRequest
-from nereid.scheduling.pending import Answers, Pending, Stream
+from nereid.scheduling.pending import Answers, Bundle, Pending, Stream
 
 __all__ = ["Execution", "Failed", "Instance", "Outcome", "StepSink"]
 
@@ -63,6 +63,10 @@ class Instance(Protocol):
         """How many batches it may run at once (the batcher runs one slot per batch)."""
     @property
     def cost_function(self) -> Callable[[dict[str, np.ndarray]], int] | None: ...
+    @property
+    def sees_requests(self) -> bool:
+        """Its model is given a batch's requests one by one, so it sees how they were
+        grouped (a Bundle would be one request to it)."""
     @property
     def enforces_timeout(self) -> bool:
         """It ends a batch past the execution timeout itself (else the batcher times it)."""
@@ -187,7 +191,7 @@ class Execution:
     @staticmethod
     def retries(outcome: Outcome, batch: tuple[Pending, ...]) -> bool:
         """Whether a failed batch is rerun a request at a time to find the culprit."""
-        return outcome.error is not None and len(batch) > 1 and isinstance(outcome.error, ModelExecutionError)
+        return isinstance(outcome.error, ModelExecutionError) and (len(batch) > 1 or isinstance(batch[0], Bundle))
 
     async def execute(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """Run ``batch`` and answer it, nothing pipelined (a failed batch's reruns)."""
@@ -201,12 +205,27 @@ class Execution:
             self._answer(batch, started, outcome)
 
     async def rerun_each(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
-        """Find the culprit of a failed batch: rerun one request at a time so only it fails."""
+        """Find the culprit of a failed batch: rerun one request at a time so only it fails
+        (a Bundle's requests too, each alone)."""
         for pending in batch:
-            if not pending.answer.done():
+            if isinstance(pending, Bundle):
+                await self._rerun_parts(instance, pending)
+            elif not pending.answer.done():
                 await self.execute(instance, (pending,))
             else:  # withdrawn while its batch ran (its client left): not rerun
                 self._answers.stats.record_failure(self._answers.clock() - pending.received_ns, "CANCELED")
+
+    async def _rerun_parts(self, instance: Instance, bundle: Bundle) -> None:
+        """Rerun each request of ``bundle`` still wanted alone; those withdrawn while it ran
+        are not rerun (CANCELED)."""
+        parts = bundle.answer.parts(bundle.request)
+        gone = bundle.count - len(parts)
+        if gone > 0:
+            self._answers.stats.record_failure(self._answers.clock() - bundle.received_ns, "CANCELED", gone)
+        for payload, received_ns, answer in parts:
+            part = Pending(self._rows_of(payload), bundle.signature, bundle.level, bundle.enqueued_ns,
+                           bundle.deadline_ns, payload, received_ns, answer, bundle.batcher)
+            await self.execute(instance, (part,))
 
     async def execute_stream(self, instance: Instance, batch: tuple[Pending, ...]) -> None:
         """One batch of a decoupled model: every step reaches each request still listening;

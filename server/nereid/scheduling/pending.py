@@ -3,6 +3,8 @@
 ``Pending`` is the record of one request from the moment a DynamicBatcher accepts it
 until it is answered: the request, when it was received, how it is answered, and where
 it waits in the queue (the fields of ``request_queue.QueuedRequest``, which it extends).
+A ``Bundle`` is one record standing for several alike requests of one caller (a
+front-end worker's turn), batched as one payload and counted one by one.
 ``Answers`` is how a batcher answers them, with their statistics: one request failed,
 a batch returned or failed whole, preserve_ordering kept (``InOrder``).
 
@@ -24,14 +26,17 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 from nereid.errors import NereidError
 from nereid.inference import InferRequest
 from nereid.scheduling.queue import QueuedRequest
 from nereid.stats import ModelStats
 
-__all__ = ["Answer", "Answers", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream", "answer_now", "awaited"]
+__all__ = [
+    "Answer", "Answers", "Bundle", "BundleAnswer", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream",
+    "answer_now", "awaited",
+]
 
 _log = logging.getLogger("nereid")
 
@@ -56,6 +61,10 @@ class _Withdrawing(Protocol):
     def withdraw(self, pending: Pending, /) -> None: ...
 
 
+class _WithdrawingParts(_Withdrawing, Protocol):
+    def withdraw_part(self, bundle: Pending, payload: Any, received_ns: int, /) -> bool: ...
+
+
 @dataclass(slots=True, eq=False)
 class Pending(QueuedRequest):
     """One accepted request waiting for its answer: what ``DynamicBatcher.submit`` returns.
@@ -73,6 +82,34 @@ class Pending(QueuedRequest):
 
     def withdraw(self) -> None:
         self.batcher.withdraw(self)
+
+
+class BundleAnswer(Answer, Protocol):
+    """A Bundle's Answer: answers every request the bundle stands for at once, and gives
+    them back one by one (``parts``) when a failed batch is rerun a request at a time."""
+
+    def parts(self, payload: Any, /) -> list[tuple[Any, int, Answer]]:
+        """Each request of ``payload`` (the bundle's) still wanted: its own payload (its
+        rows), when it was received, its own Answer."""
+
+
+class Bundle(Pending):
+    """Several alike requests of one caller (one model version, priority, timeout, kind of
+    outputs and rows each) queued as one entry: ``request`` holds all their rows, as one
+    request would; ``count`` is how many; ``received_ns`` is their mean. Batched, timed
+    out and answered as one entry (its ``answer`` is a ``BundleAnswer``), counted in the
+    statistics as ``count`` requests; a request withdrawn while it waits leaves it
+    (``withdraw_part``); a batch that fails is rerun with each of its requests alone
+    (``BundleAnswer.parts``)."""
+
+    __slots__ = ()
+    answer: BundleAnswer
+
+    def withdraw_part(self, payload: Any, received_ns: int) -> bool:
+        """One of its requests (received at ``received_ns``) is no longer wanted: while it
+        waits, it holds ``payload`` (the others' rows) from now on (True); else nothing
+        changes (``DynamicBatcher.withdraw_part``; ``withdraw``: all of them)."""
+        return cast(_WithdrawingParts, self.batcher).withdraw_part(self, payload, received_ns)
 
 
 async def awaited(future: asyncio.Future[Any], pending: Pending) -> Any:
@@ -246,7 +283,7 @@ class Answers:
             pending.answer.set_exception(error)
         else:
             self._order.answer(pending, False, error)
-        self.stats.record_failure(self.clock() - pending.received_ns, reason)
+        self.stats.record_failure(self.clock() - pending.received_ns, reason, pending.count)
 
     def batch_failed(self, batch: tuple[Pending, ...], error: NereidError,
                      scheduling: tuple[int, int | None, int] | None) -> None:
@@ -258,7 +295,7 @@ class Answers:
             stats.record_scheduling(*scheduling)
         for pending in batch:
             if pending.answer.done():  # withdrawn while it ran: it failed all the same
-                stats.record_failure(begun - pending.received_ns, "BACKEND")
+                stats.record_failure(begun - pending.received_ns, "BACKEND", pending.count)
             else:
                 self.fail(pending, error, "BACKEND")
         stats.record_answer(self.clock() - begun)
@@ -274,8 +311,13 @@ class Answers:
         queue_times: list[int] = []
         for pending, output in zip(batch, outputs):
             if not isinstance(output, NereidError):  # withdrawn while it ran too: executed, so counted
-                total_ns += begun - pending.received_ns
-                queue_times.append(started - pending.enqueued_ns)
+                count = pending.count
+                if count == 1:
+                    total_ns += begun - pending.received_ns
+                    queue_times.append(started - pending.enqueued_ns)
+                else:  # a Bundle: its requests waited alike; received_ns is their mean
+                    total_ns += (begun - pending.received_ns) * count
+                    queue_times += [started - pending.enqueued_ns] * count
                 request = pending.request
                 if isinstance(request, InferRequest) and request.compute_totals is not None:
                     request.compute_totals.add(*compute)  # an ensemble's step: its ensemble is charged too
@@ -286,7 +328,7 @@ class Answers:
             answer = pending.answer
             if isinstance(output, NereidError):  # that request alone failed (a Triton model's error response)
                 if answer.done():
-                    stats.record_failure(begun - pending.received_ns, "BACKEND")
+                    stats.record_failure(begun - pending.received_ns, "BACKEND", pending.count)
                 else:
                     self.fail(pending, output, "BACKEND")
             elif answer.done():  # withdrawn while it ran (its client left)

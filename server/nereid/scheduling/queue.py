@@ -28,7 +28,8 @@ class QueuedRequest:
 
     ``cost`` counts against max_batch_size (rows, or the model's ``batch_size()``);
     requests batch together only when their ``signature`` is equal; ``deadline_ns`` 0
-    means no timeout. The rest is the queue's own (``push`` and ``decide`` set it).
+    means no timeout; ``count``: the requests it stands for (a bundle's: several; set
+    before it is pushed). The rest is the queue's own (``push`` and ``decide`` set it).
     """
 
     cost: int
@@ -36,6 +37,7 @@ class QueuedRequest:
     level: int
     enqueued_ns: int
     deadline_ns: int
+    count: int = field(default=1, init=False)
     timeout_action: str = field(default="REJECT", init=False)
     seq: int = field(default_factory=_seq.__next__, init=False)
     removed: bool = field(default=False, init=False)
@@ -96,6 +98,8 @@ class RequestQueue(Generic[Entry]):
             policy.default_timeout_microseconds > 0 or policy.allow_timeout_override
             for policy in self._policies.values()
         )
+        #: Whether any level has a max_queue_size.
+        self.bounded = any(policy.max_queue_size > 0 for policy in self._policies.values())
         self._normal: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
         self._delayed: dict[int, deque[Entry]] = {level: deque() for level in self.levels}
         self._sizes: dict[int, int] = {level: 0 for level in self.levels}
@@ -104,6 +108,8 @@ class RequestQueue(Generic[Entry]):
         self._held: dict[int, int] = {level: 0 for level in self.levels}
         self._deadlines: list[tuple[int, int, Entry]] = []
         self._live = 0
+        #: the requests the live entries stand for (``QueuedRequest.count``)
+        self.waiting = 0
         #: the summed cost of the live requests (what ``full`` compares)
         self.queued_cost = 0
 
@@ -161,6 +167,7 @@ class RequestQueue(Generic[Entry]):
         self._normal[item.level].append(item)
         self._sizes[item.level] += 1
         self._live += 1
+        self.waiting += item.count
         self.queued_cost += item.cost
         if item.deadline_ns:
             heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
@@ -177,16 +184,18 @@ class RequestQueue(Generic[Entry]):
         if policy.max_queue_size > 0:
             count = max(0, min(count, policy.max_queue_size - self._sizes[level] - self._held[level]))
             items = items[:count]
-        cost = 0
+        cost = requests = 0
         action = policy.timeout_action
         for item in items:
             item.timeout_action = action
             cost += item.cost
+            requests += item.count
             if item.deadline_ns:
                 heapq.heappush(self._deadlines, (item.deadline_ns, item.seq, item))
         self._normal[level].extend(items)
         self._sizes[level] += count
         self._live += count
+        self.waiting += requests
         self.queued_cost += cost
         return count
 
@@ -199,12 +208,21 @@ class RequestQueue(Generic[Entry]):
         """``batch`` (just taken) waits on in its instance: its requests keep counting
         against max_queue_size until ``release``."""
         for item in batch:
-            self._held[item.level] += 1
+            self._held[item.level] += item.count
 
     def release(self, batch: tuple[Entry, ...]) -> None:
         """A held batch began (or was given up): its requests no longer wait."""
         for item in batch:
-            self._held[item.level] -= 1
+            self._held[item.level] -= item.count
+
+    def recost(self, item: Entry, cost: int, count: int) -> None:
+        """A queued entry costs ``cost`` and stands for ``count`` requests from now on (a
+        bundle lost one)."""
+        if not item.removed:
+            self.queued_cost += cost - item.cost
+            self.waiting += count - item.count
+        item.cost = cost
+        item.count = count
 
     def discard(self, item: Entry) -> bool:
         """Take a request out (its caller went away). True if it was still queued."""
@@ -217,6 +235,7 @@ class RequestQueue(Generic[Entry]):
         item.removed = True
         self._sizes[item.level] -= 1
         self._live -= 1
+        self.waiting -= item.count
         self.queued_cost -= item.cost
 
     def expire(self, now_ns: int) -> tuple[Entry, ...]:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, AsyncIterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nereid.frontends.arena import Arena
 from nereid.frontends.layout import read_arrays, write_arrays
@@ -197,5 +200,249 @@ def test_armed_says_the_worker_handles_its_signals_and_tells_whoever_waits(tmp_p
             assert not link.armed
             link.data_received(frame((Kind.ARMED.value,)))
             assert link.armed and told == [True]
+
+    run(scenario())
+
+
+# -- bundles: a frame's requests of one template queued as one entry ------------------------
+
+PICKY = """\
+class Model:
+    def __init__(self, context):
+        pass
+
+    def infer(self, inputs):
+        if (inputs["X"][:, 0] == 13).any():
+            raise ValueError("13 is not served")
+        return {"Y": inputs["X"] * 2}
+"""
+
+_LAYOUT_2 = (("X", 0, "<f4", (2, 2)),)
+_TEMPLATE_2 = (2, None, (), 0, None, True, _LAYOUT_2)
+
+
+def _serving(link: WorkerLink) -> Any:
+    return link.app.endpoints.infer_endpoint.manager.latest["double"]
+
+
+def _answers(worker: Worker, arena: Arena) -> dict[int, Any]:
+    """Each answered request's output rows (RESULTS, RESULT) or its error's status (ANSWER)."""
+    got: dict[int, Any] = {}
+    for _, _, offset, layout, entries in worker.of(Kind.RESULTS):
+        joined = read_arrays(arena.answers, offset, layout)["Y"]
+        start = 0
+        for id, rows in entries:
+            got[id] = joined[start:start + rows].tolist()
+            start += rows
+    for message in worker.of(Kind.RESULT):
+        got[message[1]] = (message[5] or read_arrays(arena.answers, message[3], message[4]))["Y"].tolist()
+    for message in worker.of(Kind.ANSWER):
+        got[message[1]] = message[2]
+    return got
+
+
+async def _answered(worker: Worker, arena: Arena, ids: set[int]) -> dict[int, Any]:
+    async with asyncio.timeout(30):
+        while not ids <= set(_answers(worker, arena)) - {id for message in worker.of(Kind.DONE) for id in message[1:2]}:
+            worker.arrived.clear()
+            await worker.arrived.wait()
+    return _answers(worker, arena)
+
+
+def _counting_bundles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The count of every bundle queued from now on (ServingModel.submit_bundle's)."""
+    from nereid.models.serving import ServingModel
+
+    counts: list[int] = []
+    submit = ServingModel.submit_bundle
+
+    def counted(self: Any, request: Any, count: int, received_ns: int, answer: Any) -> Any:
+        counts.append(count)
+        return submit(self, request, count, received_ns, answer)
+
+    monkeypatch.setattr(ServingModel, "submit_bundle", counted)
+    return counts
+
+
+def test_a_frames_requests_of_one_template_wait_as_one_bundle_and_are_counted_one_by_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = _counting_bundles(monkeypatch)
+
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000):
+            serving = _serving(link)
+            link.data_received(frame(*_decoded(arena, token, range(1, 6))))
+            assert counts == [5]
+            assert serving.queue_depth == 5  # the gauge counts requests, not queue entries
+            serving.batcher.set_max_queue_delay(0)
+            got = await _answered(worker, arena, set(range(1, 6)))
+            assert got == {id: [[2.0 * id, -2.0 * id]] for id in range(1, 6)}
+            stats = serving.stats
+            assert (stats.success.count, stats.inference_count, stats.execution_count) == (5, 5, 1)
+            assert stats.queue.count == 5 and sum(stats.queue_buckets) == 5
+            assert serving.queue_depth == 0 and not link.tickets
+
+    run(scenario())
+
+
+def test_a_bundle_holds_at_most_what_one_batch_may(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = _counting_bundles(monkeypatch)
+
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path):  # max_batch_size 8
+            link.data_received(frame(*_decoded(arena, token, range(1, 21))))
+            got = await _answered(worker, arena, set(range(1, 21)))
+            assert counts == [8, 8, 4]
+            assert got == {id: [[2.0 * id, -2.0 * id]] for id in range(1, 21)}
+            assert _serving(link).stats.success.count == 20
+
+    run(scenario())
+
+
+def test_a_request_withdrawn_while_its_bundle_waits_leaves_it_and_counts_as_canceled(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000):
+            serving = _serving(link)
+            link.data_received(frame(*_decoded(arena, token, range(1, 5))))
+            link.data_received(frame((Kind.WITHDRAW.value, 2)))
+            assert [message[1] for message in await worker.wait_for(Kind.DONE)] == [2]
+            assert serving.queue_depth == 3 and serving.stats.failures_by_reason["CANCELED"] == 1
+            serving.batcher.set_max_queue_delay(0)
+            got = await _answered(worker, arena, {1, 3, 4})
+            assert got == {id: [[2.0 * id, -2.0 * id]] for id in (1, 3, 4)}  # the others' own rows
+            stats = serving.stats
+            assert (stats.success.count, stats.fail.count, stats.inference_count) == (3, 1, 3)
+
+    run(scenario())
+
+
+def test_a_bundle_whose_requests_all_left_leaves_the_queue(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000):
+            serving = _serving(link)
+            link.data_received(frame(*_decoded(arena, token, range(1, 4))))
+            for id in (3, 1, 2):
+                link.data_received(frame((Kind.WITHDRAW.value, id)))
+            assert {message[1] for message in await worker.wait_for(Kind.DONE, 3)} == {1, 2, 3}
+            assert serving.queue_depth == 0 and not link.tickets
+            assert serving.stats.failures_by_reason["CANCELED"] == serving.stats.fail.count == 3
+
+    run(scenario())
+
+
+def test_a_bundle_in_a_failed_batch_is_rerun_a_request_at_a_time_so_only_the_culprit_fails(tmp_path: Path) -> None:
+    (tmp_path / "double").mkdir()
+    (tmp_path / "double" / "config.toml").write_text(CONFIG.format(delay_us=0, policy=""))
+    (tmp_path / "double" / "model.py").write_text(PICKY)
+
+    async def scenario() -> None:
+        async with InProcessServer(str(tmp_path)) as server:
+            app = SimpleNamespace(endpoints=SimpleNamespace(
+                infer_endpoint=SimpleNamespace(manager=server.manager), start_infer=lambda *args: None))
+            arena = Arena.create(64 * 1024)
+            worker = Worker()
+            link = WorkerLink(app, arena, {}, 0)  # type: ignore[arg-type]
+            link.connection_made(worker)
+            link.data_received(frame((Kind.INFER.value, 0, "double", None, (None, None, None), 0, -1, 0, b"")))
+            token = (await worker.wait_for(Kind.MODEL))[0][2]
+            link.data_received(frame(*_decoded(arena, token, range(11, 16))))
+            got = await _answered(worker, arena, set(range(11, 16)))
+            assert got == {**{id: [[2.0 * id, -2.0 * id]] for id in (11, 12, 14, 15)}, 13: 500}
+            error = next(message for message in worker.of(Kind.ANSWER) if message[1] == 13)
+            assert b"13 is not served" in error[6]
+            stats = server.manager.latest["double"].stats
+            assert (stats.success.count, stats.fail.count) == (4, 1)
+            link.close()
+
+    run(scenario())
+
+
+TRITON_DOUBLE = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(request, "X")
+                                                            .as_numpy() * 2)]) for request in requests]
+"""
+
+
+def test_a_model_that_sees_requests_one_by_one_or_a_bounded_queue_takes_no_bundles(tmp_path: Path) -> None:
+    policy = "\n[dynamic_batching.default_queue_policy]\nmax_queue_size = 2\n"
+
+    async def scenario() -> None:
+        async with served_double(tmp_path / "bounded", policy=policy) as (server, _):
+            assert server.manager.latest["double"].bundle_limit == 0
+        async with served_double(tmp_path / "free") as (server, _):
+            assert server.manager.latest["double"].bundle_limit == 8
+        triton = tmp_path / "triton" / "double"
+        triton.mkdir(parents=True)
+        (triton / "config.toml").write_text(CONFIG.format(delay_us=0, policy=""))
+        (triton / "model.py").write_text(TRITON_DOUBLE)
+        async with InProcessServer(str(tmp_path / "triton")) as server:  # execute(requests) sees each
+            assert server.manager.latest["double"].bundle_limit == 0
+
+    (tmp_path / "bounded").mkdir()
+    (tmp_path / "free").mkdir()
+    run(scenario())
+
+
+def _frames_of(plan: list[list[tuple[int, bool]]], arena: Arena, token: int) -> list[list[tuple[Any, ...]]]:
+    """DECODED frames for ``plan``: per frame, per request (rows 1 or 2, a block apart
+    from the one before or not); request ids count from 1, each X its own values."""
+    frames: list[list[tuple[Any, ...]]] = []
+    sent: set[int] = set()
+    id = slot = 0
+    for requests in plan:
+        messages = []
+        for rows, apart in requests:
+            id += 1
+            slot += 2 if apart else 1
+            offset = 64 * slot
+            x = np.array([[id + row / 2, -id - row / 2] for row in range(rows)], np.float32)
+            write_arrays(arena.requests[offset:offset + 64], {"X": x})
+            number = rows - 1
+            template = None if number in sent else (_TEMPLATE if rows == 1 else _TEMPLATE_2)
+            sent.add(number)
+            messages.append((Kind.DECODED.value, id, token, number, template, offset, f"r{id}", 0))
+        frames.append(messages)
+    return frames
+
+
+async def _served_plan(folder: Path, plan: list[list[tuple[int, bool]]], bundles: bool) -> tuple[dict[int, Any], tuple[int, ...]]:
+    """Every request's answer and the statistics' counts, ``plan`` sent through a link
+    with bundles, or with each request its own entry (the general path)."""
+    from unittest import mock
+
+    from nereid.models.serving import ServingModel
+
+    folder.mkdir()
+    limit = {} if bundles else {"new": property(lambda self: 0)}
+    with mock.patch.object(ServingModel, "bundle_limit", **limit) if limit else contextlib.nullcontext():
+        async for link, worker, arena, token in _linked(folder):
+            for messages in _frames_of(plan, arena, token):
+                link.data_received(frame(*messages))
+            total = sum(len(requests) for requests in plan)
+            got = await _answered(worker, arena, set(range(1, total + 1)))
+            stats = _serving(link).stats
+            return got, (stats.success.count, stats.fail.count, stats.inference_count, stats.queue.count)
+    raise AssertionError("not served")
+
+
+_PLANS = st.lists(st.lists(st.tuples(st.sampled_from([1, 2]), st.booleans()), min_size=1, max_size=12),
+                  min_size=1, max_size=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=_PLANS)
+def test_bundles_answer_every_request_as_the_request_at_a_time_path_does(tmp_path: Path, plan: Any) -> None:
+    async def scenario() -> None:
+        with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+            general = await _served_plan(Path(work) / "general", plan, bundles=False)
+            bundled = await _served_plan(Path(work) / "bundled", plan, bundles=True)
+        assert bundled == general
+        total = sum(len(requests) for requests in plan)
+        assert general[1] == (total, 0, sum(rows for requests in plan for rows, _ in requests), total)
 
     run(scenario())

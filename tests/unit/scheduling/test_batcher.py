@@ -812,3 +812,106 @@ def test_batches_that_return_in_one_turn_are_answered_in_the_order_they_ran() ->
         assert answers == [0, 2, 4, 6]
 
     run(scenario())
+
+
+# -- bundles: several alike requests of one caller as one queue entry ------------------------
+
+
+@dataclass
+class BundleAnswerSpy:
+    """A BundleAnswer that records its answer; its requests are a payload's items."""
+
+    received: list[int]
+    outcome: list[Any] = field(default_factory=list)
+
+    def done(self) -> bool:
+        return bool(self.outcome)
+
+    def set_result(self, outputs: Any) -> None:
+        self.outcome.append(("result", list(outputs)))
+
+    def set_exception(self, error: BaseException) -> None:
+        self.outcome.append(("error", type(error).__name__))
+
+    def cancel(self) -> None:
+        self.set_exception(asyncio.CancelledError())
+
+    def parts(self, payload: Any) -> list[tuple[Any, int, Any]]:
+        raise AssertionError("no batch fails here")
+
+
+def _bundling(instance: FakeInstance, clock: ManualClock, **batching: Any) -> DynamicBatcher:
+    """A batcher whose payloads are lists of items, one item a row (``bundles`` on)."""
+    return StoppingBatcher(model_name="m", max_batch_size=8, dynamic_batching=DynamicBatching(**batching),
+                           instances=[instance], stats=ModelStats("m", 1), clock=clock, cost_of=len, rows_of=len,
+                           bundles=True)
+
+
+class ListInstance(FakeInstance):
+    """Doubles every item of every payload (a list): the batch's outputs, one list each."""
+
+    async def run_batch(self, items: Sequence[Any]) -> Outcome:
+        self.batches.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        await next_turn()
+        return Outcome([[item * 2 for item in payload] for payload in items], None)
+
+
+def test_a_bundle_waits_as_one_entry_and_is_counted_as_the_requests_it_stands_for() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = ListInstance()
+        async with _bundling(instance, clock, max_queue_delay_microseconds=1000) as batcher:
+            answer = BundleAnswerSpy([0, 0, 0])
+            bundle = batcher.submit_bundle([1, 2, 3], 3, 0, answer)
+            assert bundle.count == 3 and batcher.queue_depth == 3
+            pending = batcher.submit([4], None, lambda outputs, error: None)
+            assert batcher.queue_depth == 4
+            clock.advance(1_000_000)
+            await until(lambda: bool(answer.outcome))
+        assert answer.outcome == [("result", [2, 4, 6])]
+        assert instance.batches == [[[1, 2, 3], [4]]] and pending.answer.done()
+        stats = batcher.stats
+        assert (stats.success.count, stats.inference_count, stats.queue.count) == (4, 4, 4)
+        assert sum(stats.queue_buckets) == 4
+
+    run(scenario())
+
+
+def test_a_request_that_leaves_a_waiting_bundle_is_canceled_and_the_rest_run_without_it() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        instance = ListInstance()
+        async with _bundling(instance, clock, max_queue_delay_microseconds=1000) as batcher:
+            answer = BundleAnswerSpy([10, 20, 30])
+            bundle = batcher.submit_bundle([1, 2, 3], 3, 20, answer)
+            assert batcher.withdraw_part(bundle, [1, 3], 20)
+            assert (bundle.count, bundle.cost, batcher.queue_depth) == (2, 2, 2)
+            assert batcher.stats.failures_by_reason["CANCELED"] == 1
+            clock.advance(1_000_000)
+            await until(lambda: bool(answer.outcome))
+            assert not batcher.withdraw_part(bundle, [1], 10)  # taken: nothing changes
+        assert answer.outcome == [("result", [2, 6])] and instance.batches == [[[1, 3]]]
+        stats = batcher.stats
+        assert (stats.success.count, stats.fail.count, stats.inference_count) == (2, 1, 2)
+
+    run(scenario())
+
+
+def test_a_bundle_that_times_out_fails_as_each_of_its_requests() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        gate = asyncio.Event()
+        instance = ListInstance(gate=gate)
+        policy = QueuePolicy(default_timeout_microseconds=100)
+        async with _bundling(instance, clock, max_queue_delay_microseconds=10**9,
+                             default_queue_policy=policy) as batcher:
+            answer = BundleAnswerSpy([0, 0])
+            batcher.submit_bundle([1, 2], 2, 0, answer)
+            clock.advance(200_000)
+            await until(lambda: bool(answer.outcome))
+        assert answer.outcome == [("error", "RequestTimeoutError")]
+        assert batcher.stats.failures_by_reason["REJECTED"] == batcher.stats.fail.count == 2
+
+    run(scenario())

@@ -8,10 +8,14 @@ with ``until`` and ``settle``, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import UnavailableError
+from nereid.scheduling.batcher import DynamicBatcher
+from nereid.stats import ModelStats
 from tests.unit.manual_clock import ManualClock, settle, until
 from tests.unit.scheduling.batcher_fakes import FakeInstance, make, run
 
@@ -91,3 +95,20 @@ def test_closing_with_a_drain_timeout_fails_what_is_still_queued_or_running() ->
             await batcher.infer(3)
 
     run(scenario())
+
+
+@pytest.mark.parametrize(("bundles", "batching", "limit", "limit_at_3"), [
+    (True, {}, 8, 3),
+    (True, {"preferred_batch_size": [2, 4]}, 4, 2),  # at 3, the largest preferred size left is 2
+    (True, {"default_queue_policy": QueuePolicy(max_queue_size=16)}, 0, 0),  # it counts requests
+    (True, None, 0, 0),  # no dynamic batching: a batch per request
+    (False, {}, 0, 0),  # the model sees requests one by one, or counts its own cost
+], ids=["max-batch-size", "largest-preferred", "bounded-queue", "no-batching", "model-tells-them-apart"])
+def test_a_bundle_holds_at_most_what_the_model_batches_whole_and_only_where_nobody_can_tell(
+        bundles: bool, batching: dict[str, Any] | None, limit: int, limit_at_3: int) -> None:
+    batcher = DynamicBatcher(model_name="m", max_batch_size=8,
+                             dynamic_batching=None if batching is None else DynamicBatching(**batching),
+                             instances=[FakeInstance()], stats=ModelStats("m", 1), bundles=bundles)
+    assert batcher.bundle_limit == limit
+    batcher.set_max_batch_size(3)  # at run time
+    assert batcher.bundle_limit == limit_at_3

@@ -264,3 +264,21 @@ def test_push_many_times_out_each_request_as_push_does() -> None:
     assert queue.decide(40 * US).wake_at_ns == 50 * US
     assert set(queue.decide(60 * US).expired) == set(items)
     assert len(queue) == 0
+
+
+def test_waiting_counts_the_requests_each_entry_stands_for_until_it_leaves() -> None:
+    queue = make_queue(max_batch_size=8, max_queue_delay_microseconds=100)
+    bundle = Named(cost=3, signature="s", level=0, enqueued_ns=0, deadline_ns=0, name="bundle")
+    bundle.count = 3
+    queue.push(bundle)
+    push(queue, 0, name="one")
+    assert (len(queue), queue.waiting, queue.queued_cost) == (2, 4, 4)
+    queue.recost(bundle, 2, 2)  # a request left the bundle
+    assert (bundle.cost, bundle.count, queue.waiting, queue.queued_cost) == (2, 2, 3, 3)
+    decision = queue.decide(200 * US)
+    assert [item.name for item in decision.batch] == ["bundle", "one"]
+    assert (len(queue), queue.waiting, queue.queued_cost) == (0, 0, 0)
+    queue.hold(decision.batch)
+    assert queue.held == 3
+    queue.release(decision.batch)
+    assert queue.held == 0
