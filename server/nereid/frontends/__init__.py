@@ -74,7 +74,7 @@ the link and the app its engine serves), ``grpc_front`` (the worker's gRPC serve
 its link), ``grpc_calls`` (its calls: ModelInfer decoded, ModelStatistics answered),
 ``grpc_link`` (the main process's side of them), ``worker`` (the worker process),
 ``link`` (the main process's side of one worker), ``link_answers`` (how each request a
-worker hands over is answered), ``shared_limits`` (limits held server-wide),
+worker hands over is answered), ``link_results`` (the outputs of a turn, sent together), ``shared_limits`` (limits held server-wide),
 ``supervisor`` (the workers' life), ``directory_sync`` (the picture of the models in every
 worker), ``shared_stats`` (the statistics every worker reads), ``local_answers`` (what a
 worker answers itself), ``send_windows`` (streamed responses paced across the link).

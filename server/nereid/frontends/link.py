@@ -23,9 +23,8 @@ from typing import Any, Callable
 
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
-from nereid.frontends.layout import (
-    layout_size, read_arrays, read_blocks, read_rows, row_signature, rows_size, write_arrays, write_rows,
-)
+from nereid.frontends.layout import read_arrays, read_blocks, read_rows
+from nereid.frontends.link_results import TurnResults
 from nereid.frontends.link_answers import BundleAnswer, DecodedAnswer, ForwardedExchange, InferAnswer
 from nereid.frontends.messages import FrameReader, Kind, Outbox
 from nereid.frontends.send_windows import SendWindows
@@ -43,9 +42,7 @@ _log = logging.getLogger("nereid")
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _CREDIT, _ARMED = Kind.CREDIT.value, Kind.ARMED.value
 _ANSWER, _DONE = Kind.ANSWER.value, Kind.DONE.value
-_DECODED, _MODEL, _FORGET, _RESULT, _RETRY, _RESULTS = (
-    Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RESULT.value, Kind.RETRY.value,
-    Kind.RESULTS.value)
+_DECODED, _MODEL, _FORGET, _RETRY = Kind.DECODED.value, Kind.MODEL.value, Kind.FORGET.value, Kind.RETRY.value
 
 
 class WorkerLink(asyncio.Protocol):
@@ -82,8 +79,8 @@ class WorkerLink(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._headers: dict[tuple[Any, ...], InferHeaders] = {}
         #: decoded requests' outputs answered over this loop turn, sent together at the
-        #: flush (RESULTS): (its id, or a bundle's ((id, rows), ...)), version, outputs
-        self._answered: list[tuple[Any, int, dict[str, Any]]] = []
+        #: flush (RESULTS)
+        self.results = TurnResults(arena, self.ring, self.send, self.send_error, index)
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         #: called before anything is written to the worker (``StatsPublisher.publish``:
@@ -108,7 +105,7 @@ class WorkerLink(asyncio.Protocol):
         """The worker is gone: its requests are withdrawn (their clients' connections went
         with it); answers still to come are dropped."""
         self._outbox = None
-        self._answered = []
+        self.results.clear()
         self.windows.close()
         tickets, self.tickets = self.tickets, {}
         for ticket in tickets.values():
@@ -314,16 +311,13 @@ class WorkerLink(asyncio.Protocol):
 
     def answered(self, id: int, version: int, outputs: dict[str, Any]) -> None:
         """A decoded request's outputs: sent at this loop turn's end with the others
-        answered in it (``_send_results``), as the batcher already has the instance run
+        answered in it (``TurnResults``), as the batcher already has the instance run
         its next batch while this one's answers go out (a model's outputs are never
         written again once returned)."""
         self.tickets.pop(id, None)
         outbox = self._outbox
-        if outbox is None:
-            return
-        if not self._answered:
+        if outbox is not None and self.results.add(id, version, outputs):
             outbox.before_flush(self._send_results)
-        self._answered.append((id, version, outputs))
 
     def answered_rows(self, ids: list[int], rows: int, version: int, outputs: dict[str, Any]) -> None:
         """A bundle's outputs, each of ``ids``' ``rows`` one after the other: sent with
@@ -333,93 +327,12 @@ class WorkerLink(asyncio.Protocol):
         for id in ids:
             tickets.pop(id, None)
         outbox = self._outbox
-        if outbox is None:
-            return
-        if not self._answered:
+        if outbox is not None and self.results.add(tuple((id, rows) for id in ids), version, outputs):
             outbox.before_flush(self._send_results)
-        self._answered.append((tuple((id, rows) for id in ids), version, outputs))
 
     def _send_results(self) -> None:
-        """This turn's outputs: those of one version and kind of outputs joined into one
-        arena block, one copy per output name, one RESULTS message (a RESULT each when
-        they cannot be joined, or the arena has no room)."""
-        answered, self._answered = self._answered, []
-        if self._outbox is None:
-            return
-        groups: dict[tuple[Any, ...], list[tuple[Any, int, dict[str, Any]]]] = {}
-        for id, version, outputs in answered:
-            if len(outputs) == 1:  # the common case, row_signature's without its call
-                [(name, array)] = outputs.items()
-                if array.ndim == 0 or array.dtype.hasobject:
-                    self._send_alone(id, version, outputs)
-                    continue
-                key: tuple[Any, ...] = (version, ((name, array.dtype, array.shape[1:]),))
-                rows = array.shape[0]
-            else:
-                joinable = row_signature(outputs)
-                if joinable is None:
-                    self._send_alone(id, version, outputs)
-                    continue
-                key, rows = (version, joinable[0]), joinable[1]
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [(id, rows, outputs)]
-            else:
-                group.append((id, rows, outputs))
-        for (version, signature), group in groups.items():
-            self._send_group(version, signature, group)
-
-    def _send_group(self, version: int, signature: tuple[Any, ...], group: list[tuple[Any, int, dict[str, Any]]]) -> None:
-        """Outputs of one version and signature in one block: a request's (its id) or a
-        bundle's (its ((id, rows), ...)) rows after the other's."""
-        rows = 0
-        for _, count, _ in group:
-            rows += count
-        size = rows_size(signature, rows)
-        offset = self.ring.allocate(size)
-        if offset is None:
-            for id, _, outputs in group:
-                self._send_alone(id, version, outputs)
-            return
-        try:
-            layout = write_rows(self.arena.answers[offset:offset + size], signature, rows,
-                                [outputs for _, _, outputs in group])
-        except Exception as exc:  # a bug: these requests fail, loudly
-            self.ring.free(offset)
-            _log.exception("sending outputs to HTTP worker %d failed", self.index)
-            for id, _, _ in group:
-                for one, _ in _members(id, 0):
-                    self.send_error(one, InternalError(f"internal error in infer: {exc}"))
-            return
-        entries: list[tuple[int, int]] = []
-        for id, count, _ in group:
-            entries += _members(id, count)
-        self.send((_RESULTS, version, offset, layout, tuple(entries)))
-
-    def _send_alone(self, id: Any, version: int, outputs: dict[str, Any]) -> None:
-        """One request's outputs on their own (RESULT); a bundle's, each request's rows."""
-        if type(id) is not int:  # a bundle's
-            start = 0
-            for one, rows in id:
-                self._send_alone(one, version, {name: array[start:start + rows] for name, array in outputs.items()})
-                start += rows
-            return
-        try:
-            self._send_result(id, version, outputs)
-        except Exception as exc:  # a bug: this request fails, loudly
-            _log.exception("sending outputs to HTTP worker %d failed", self.index)
-            self.send_error(id, InternalError(f"internal error in infer: {exc}"))
-
-    def _send_result(self, id: int, version: int, outputs: dict[str, Any]) -> None:
-        """One request's outputs into the arena's answer half (inline when there is no
-        room, or a BYTES output: copied, as the message is pickled at the flush)."""
-        size = layout_size(outputs)
-        offset = self.ring.allocate(size) if size is not None else None
-        if offset is None or size is None:
-            self.send((_RESULT, id, version, -1, None, {name: array.copy() for name, array in outputs.items()}))
-            return
-        layout = write_arrays(self.arena.answers[offset:offset + size], outputs)
-        self.send((_RESULT, id, version, offset, layout, None))
+        if self._outbox is not None:
+            self.results.send()
 
     def send_error(self, id: int, error: NereidError) -> None:
         status, headers, body = error_parts(error)
@@ -478,7 +391,3 @@ class WorkerLink(asyncio.Protocol):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-
-def _members(id: Any, rows: int) -> Any:
-    """The (id, rows) of an ``_answered`` entry's requests: its own, or a bundle's."""
-    return ((id, rows),) if type(id) is int else id
