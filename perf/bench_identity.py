@@ -495,19 +495,11 @@ def run_perf_analyzer(
     stability: float, attempt: int = 0,
 ) -> Run:
     stem = f"pa-{server.name}-c{concurrency}-r{repeat}" + (f"-a{attempt}" if attempt else "")
+    clients = getattr(args, "clients", 1)
+    if clients > 1:
+        return _run_clients(args, server, concurrency, repeat, work, stability, stem, clients)
     csv_path = work / f"{stem}.csv"
-    cmd = [
-        str(args.perf_analyzer),
-        "-m", server.model,
-        *server.perf_analyzer_args(args.protocol),
-        "-i", args.protocol,
-        "-b", "1",
-        "--concurrency-range", str(concurrency),
-        "-p", str(args.measurement_interval),
-        "-s", f"{stability:g}",
-        "--max-trials", str(args.max_trials),
-        "-f", str(csv_path),
-    ] + args.pa_arg
+    cmd = _perf_analyzer_command(args, server, concurrency, stability, csv_path)
     # generous: every trial window, plus start-up and the final report
     timeout = 60 + args.max_trials * args.measurement_interval / 1000 * 3
     t0 = time.monotonic()
@@ -540,6 +532,68 @@ def run_perf_analyzer(
     avg = parse_stdout(text).get("avg_us", float("nan"))
     return Run(server.name, concurrency, repeat, True, nums["throughput"], nums["p50_us"],
                nums["p99_us"], avg, seconds, stability, extra=extra)
+
+
+def _perf_analyzer_command(args: argparse.Namespace, server: Server, concurrency: int, stability: float,
+                           csv_path: Path) -> list[str]:
+    return [
+        str(args.perf_analyzer),
+        "-m", server.model,
+        *server.perf_analyzer_args(args.protocol),
+        "-i", args.protocol,
+        "-b", "1",
+        "--concurrency-range", str(concurrency),
+        "-p", str(args.measurement_interval),
+        "-s", f"{stability:g}",
+        "--max-trials", str(args.max_trials),
+        "-f", str(csv_path),
+    ] + args.pa_arg
+
+
+def _run_clients(
+    args: argparse.Namespace, server: Server, concurrency: int, repeat: int, work: Path, stability: float,
+    stem: str, clients: int,
+) -> Run:
+    """``concurrency`` split over ``clients`` perf_analyzer processes started together (is one
+    perf_analyzer the limit?): throughput is their sum, p50 the median of theirs, p99 the
+    highest; their windows start together but each stabilises on its own, so the sum is
+    approximate."""
+    levels = [concurrency // clients + (1 if index < concurrency % clients else 0) for index in range(clients)]
+    timeout = 60 + args.max_trials * args.measurement_interval / 1000 * 3
+    t0 = time.monotonic()
+    procs = []
+    for index, level in enumerate(levels):
+        csv_path = work / f"{stem}-k{index}.csv"
+        log_file = open(work / f"{stem}-k{index}.log", "w")
+        procs.append((subprocess.Popen(_perf_analyzer_command(args, server, level, stability, csv_path),
+                                       stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT),
+                      csv_path, log_file))
+    results: list[dict[str, float]] = []
+    error = ""
+    for proc, csv_path, log_file in procs:
+        try:
+            code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = -9
+        log_file.close()
+        nums: dict[str, float] = {}
+        if code == 0 and csv_path.exists():
+            try:
+                nums = parse_csv(csv_path)
+            except (KeyError, ValueError, OSError):
+                nums = {}
+        if code != 0 or "throughput" not in nums:
+            error = error or f"perf_analyzer {csv_path.stem} exited {code}"
+        else:
+            results.append(nums)
+    seconds = time.monotonic() - t0
+    if error:
+        return Run(server.name, concurrency, repeat, False, seconds=seconds, stability=stability, error=error)
+    return Run(server.name, concurrency, repeat, True, sum(r["throughput"] for r in results),
+               statistics.median(r["p50_us"] for r in results), max(r["p99_us"] for r in results),
+               float("nan"), seconds, stability, extra={"clients": float(clients)})
 
 
 # ---------------------------------------------------------------------------------------

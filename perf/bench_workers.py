@@ -16,6 +16,8 @@ workers (the CSV's last columns, and a table at the end), with perf_analyzer's o
 inference and the host's busy share (is the load generator, or the host, the limit?).
 Runs unchanged on a many-core machine (say ``--workers 1,4,8,16 --concurrency 64,256
 --model bert``); on a 2-core machine perf_analyzer takes about a core itself.
+``--clients K`` splits each level over K perf_analyzer processes started together
+(throughput summed), to tell the server's limit from one perf_analyzer's.
 
     PYTHONPATH=$PWD/server python perf/bench_workers.py --workers 1,2 --concurrency 64 --repeats 3 \
         --csv perf/plots/workers.csv --plot perf/plots/workers.png
@@ -187,6 +189,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=2, help="reruns with a doubled -s when unstable")
     p.add_argument("--perf-analyzer", default=str(PERF_ANALYZER), help="perf_analyzer to run")
     p.add_argument("--pa-arg", action="append", default=[], help="extra perf_analyzer argument")
+    p.add_argument("--clients", type=int, default=1,
+                   help="perf_analyzer processes started together, the concurrency split between them "
+                        "(is one perf_analyzer the limit?)")
     p.add_argument("--nereid-arg", action="append", default=[], help="extra `nereid serve` argument")
     p.add_argument("--baseline-cmd", default=None,
                    help="another build's nereid command (e.g. 'env PYTHONPATH=/tmp/old/server python -m nereid'): "

@@ -13,7 +13,9 @@
 # A shorter check (environment): GPU_CHECK_TESTS (pytest -k of tests/gpu; "none": no tests),
 # GPU_CHECK_VARIANTS and GPU_CHECK_LEVELS (bench_gpu's --variants, --concurrency),
 # GPU_CHECK_SECONDS (the whole check's budget, default 400), GPU_CHECK_WORKERS (the
-# --http-workers counts bench_workers compares, e.g. 1,4,8; default: not run).
+# --http-workers counts bench_workers compares, e.g. 1,4,8; default: not run),
+# GPU_CHECK_CLIENTS (perf_analyzer processes bench_workers splits the concurrency over,
+# default 1: is one perf_analyzer the limit?).
 #
 # Needs the machine's python3 with torch (CUDA), numpy, grpcio, transformers, pytest,
 # nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels).
@@ -79,6 +81,7 @@ main() {
       echo "== perf/bench_workers.py --protocol $protocol ($(( $(date +%s) - started )) s in)"
       timeout $(( workers_share / 2 + 30 )) python3 perf/bench_workers.py --model bert --protocol "$protocol" \
         --workers "$GPU_CHECK_WORKERS" --concurrency 256 --repeats 1 --perf-analyzer "$pa" \
+        --clients "${GPU_CHECK_CLIENTS:-1}" \
         --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \
         --csv "$OUT/workers_$protocol.csv" || workers=1
     done
