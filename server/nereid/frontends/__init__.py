@@ -18,7 +18,8 @@ would load every model N times and split every batch N ways.
                        as one entry of all their rows, up to the model's largest batch,
                        in the same queue as everyone's, counted one by one; where the
                        model could tell -- execute(requests), batch_size(), a bounded
-                       queue, no dynamic batching -- submit_many: each its own entry)
+                       queue, preserve_ordering, no dynamic batching -- submit_many: each
+                       its own entry)
                        -> batch
                  outputs -> arena i + RESULTS (the outputs of every request answered
                  in one loop turn joined in one block, one message) -> the worker

@@ -62,7 +62,8 @@ class BatcherLifecycle:
         self._signature_of = signature_of
         self._queue: RequestQueue[Pending] = RequestQueue(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
         queue = self._queue
-        self._bundles = bundles and queue.batching and not streaming and not queue.bounded
+        preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
+        self._bundles = bundles and queue.batching and not streaming and not queue.bounded and not preserve
         #: decoupled models stream: their batches run through ``run_stream``.
         self.streaming = streaming
         self._form_lock = asyncio.Lock()
@@ -73,7 +74,6 @@ class BatcherLifecycle:
         self._idle = 0  # slots waiting in _next_batch
         self._typical_ns = 0  # how long a batch runs, lately (a moving average; 0: none ran yet)
         self._timer = clock.precise_timer(model_name)
-        preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._order: InOrder | None = InOrder() if preserve else None
         self._answers = Answers(stats, rows_of, self._order, self._clock)
         self._formation_ns = 0  # how long forming the last batch took (``_form``)
@@ -87,8 +87,10 @@ class BatcherLifecycle:
         A Bundle is batched as one entry, so it is kept to what the model would batch
         whole anyway (the largest preferred size, or max_batch_size); there are none
         where one could be told from its requests: no dynamic batching (a batch per
-        request), a max_queue_size (it counts requests), a decoupled model, or a model
-        that sees requests one by one or counts its own cost (``bundles`` False)."""
+        request), a max_queue_size (it counts requests), preserve_ordering (a failed
+        batch's reruns answer a bundle's requests one by one, outside the order kept), a
+        decoupled model, or a model that sees requests one by one or counts its own cost
+        (``bundles`` False)."""
         if not self._bundles:
             return 0
         queue = self._queue

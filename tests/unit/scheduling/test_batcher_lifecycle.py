@@ -101,9 +101,11 @@ def test_closing_with_a_drain_timeout_fails_what_is_still_queued_or_running() ->
     (True, {}, 8, 3),
     (True, {"preferred_batch_size": [2, 4]}, 4, 2),  # at 3, the largest preferred size left is 2
     (True, {"default_queue_policy": QueuePolicy(max_queue_size=16)}, 0, 0),  # it counts requests
+    (True, {"preserve_ordering": True}, 0, 0),  # a failed batch's reruns would answer out of it
     (True, None, 0, 0),  # no dynamic batching: a batch per request
     (False, {}, 0, 0),  # the model sees requests one by one, or counts its own cost
-], ids=["max-batch-size", "largest-preferred", "bounded-queue", "no-batching", "model-tells-them-apart"])
+], ids=["max-batch-size", "largest-preferred", "bounded-queue", "preserve-ordering", "no-batching",
+        "model-tells-them-apart"])
 def test_a_bundle_holds_at_most_what_the_model_batches_whole_and_only_where_nobody_can_tell(
         bundles: bool, batching: dict[str, Any] | None, limit: int, limit_at_3: int) -> None:
     batcher = DynamicBatcher(model_name="m", max_batch_size=8,
