@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from nereid.errors import InternalError, NereidError
 from nereid.frontends.arena import Arena, Ring
@@ -38,6 +38,8 @@ from nereid.models.serving import ServingModel
 __all__ = ["WorkerLink"]
 
 _log = logging.getLogger("nereid")
+
+_Submitted = TypeVar("_Submitted")
 
 _INFER, _ASGI, _WITHDRAW, _FREED = Kind.INFER.value, Kind.ASGI.value, Kind.WITHDRAW.value, Kind.FREED.value
 _CREDIT, _ARMED = Kind.CREDIT.value, Kind.ARMED.value
@@ -260,14 +262,9 @@ class WorkerLink(asyncio.Protocol):
         requests = [InferRequest(name, arrays, rows, message[6], version, outputs, dict(parameters), priority,
                                  timeout_us, binary) for message, arrays in zip(messages, inputs)]
         answers = [DecodedAnswer(self, message[1], serving) for message in messages]
-        try:
-            tickets = serving.submit_many(requests, [message[7] for message in messages], answers, priority=priority,
-                                          timeout_us=timeout_us)
-        except NereidError as exc:
-            tickets = [exc] * count
-        except Exception as exc:  # a bug must cost these requests only
-            _log.exception("infer on model %r failed unexpectedly", name)
-            tickets = [InternalError(f"internal error in infer on model '{name}': {exc}")] * count
+        submitted = _guarded(name, lambda: serving.submit_many(
+            requests, [message[7] for message in messages], answers, priority=priority, timeout_us=timeout_us))
+        tickets = [submitted] * count if isinstance(submitted, NereidError) else submitted
         held = self.tickets if self._outbox is not None else None
         for answer, ticket in zip(answers, tickets):
             if isinstance(ticket, NereidError):
@@ -294,13 +291,7 @@ class WorkerLink(asyncio.Protocol):
             request = InferRequest(name, read_rows(buffer, run[0][5], step, count, layout), rows * count, "", version,
                                    outputs, dict(parameters), priority, timeout_us, binary)
             answer = BundleAnswer(self, ids, received, rows, serving)
-            try:
-                bundle = serving.submit_bundle(request, count, sum(received) // count, answer)
-            except NereidError as exc:
-                bundle = exc
-            except Exception as exc:  # a bug must cost these requests only
-                _log.exception("infer on model %r failed unexpectedly", name)
-                bundle = InternalError(f"internal error in infer on model '{name}': {exc}")
+            bundle = _guarded(name, lambda: serving.submit_bundle(request, count, sum(received) // count, answer))
             if isinstance(bundle, NereidError):
                 answer.set_exception(bundle)
                 continue
@@ -391,3 +382,15 @@ class WorkerLink(asyncio.Protocol):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+
+def _guarded(name: str, submit: Callable[[], _Submitted]) -> _Submitted | NereidError:
+    """What ``submit`` (queueing requests of model ``name``) returned, or the error that
+    refused them: a NereidError as raised, any other exception (a bug, logged) as an
+    InternalError, so that it costs these requests only."""
+    try:
+        return submit()
+    except NereidError as exc:
+        return exc
+    except Exception as exc:
+        _log.exception("infer on model %r failed unexpectedly", name)
+        return InternalError(f"internal error in infer on model '{name}': {exc}")

@@ -129,15 +129,13 @@ class BundleAnswer:
 
     def withdraw_member(self, id: int) -> None:
         """Request ``id`` is no longer wanted (its client went away). While the bundle
-        waits, it leaves it (its rows taken out, counted as CANCELED: ``Bundle.withdraw_part``);
-        the last one withdraws the bundle; once the bundle runs, its answer is dropped."""
+        waits, it leaves it (its rows taken out, counted as CANCELED: ``Bundle.withdraw_part``,
+        which takes the bundle out with its last request); once the bundle runs, its answer
+        is dropped."""
         if self.answered:
             return
         bundle = self.bundle
         index = self.ids.index(id)
-        if bundle is not None and len(self.ids) == 1:
-            bundle.withdraw()
-            return
         if bundle is not None and not bundle.removed:
             rows = self.rows
             request = bundle.request
