@@ -81,20 +81,22 @@ class Worker:
 
 
 @contextlib.asynccontextmanager
-async def served_double(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[InProcessServer, Any]]:
-    """The ``double`` model served in this process, and the main app a link needs of it
-    (its manager; raw infer requests answered by nobody)."""
+async def served_double(tmp_path: Path, delay_us: int = 0, policy: str = "",
+                        model: str = MODEL) -> AsyncIterator[tuple[InProcessServer, Any]]:
+    """The ``double`` model (``model``: its model.py) served in this process, and the main
+    app a link needs of it (its manager; raw infer requests answered by nobody)."""
     folder = tmp_path / "double"
     folder.mkdir()
     (folder / "config.toml").write_text(CONFIG.format(delay_us=delay_us, policy=policy))
-    (folder / "model.py").write_text(MODEL)
+    (folder / "model.py").write_text(model)
     async with InProcessServer(str(tmp_path)) as server:
         yield server, SimpleNamespace(endpoints=SimpleNamespace(
             infer_endpoint=SimpleNamespace(manager=server.manager), start_infer=lambda *args: None))
 
 
-async def _linked(tmp_path: Path, delay_us: int = 0, policy: str = "") -> AsyncIterator[tuple[WorkerLink, Worker, Arena, int]]:
-    async with served_double(tmp_path, delay_us, policy) as (server, app):
+async def _linked(tmp_path: Path, delay_us: int = 0, policy: str = "",
+                  model: str = MODEL) -> AsyncIterator[tuple[WorkerLink, Worker, Arena, int]]:
+    async with served_double(tmp_path, delay_us, policy, model) as (server, app):
         arena = Arena.create(64 * 1024)
         worker = Worker()
         link = WorkerLink(app, arena, {}, 0)  # type: ignore[arg-type]
@@ -331,28 +333,15 @@ def test_a_bundle_whose_requests_all_left_leaves_the_queue(tmp_path: Path) -> No
 
 
 def test_a_bundle_in_a_failed_batch_is_rerun_a_request_at_a_time_so_only_the_culprit_fails(tmp_path: Path) -> None:
-    (tmp_path / "double").mkdir()
-    (tmp_path / "double" / "config.toml").write_text(CONFIG.format(delay_us=0, policy=""))
-    (tmp_path / "double" / "model.py").write_text(PICKY)
-
     async def scenario() -> None:
-        async with InProcessServer(str(tmp_path)) as server:
-            app = SimpleNamespace(endpoints=SimpleNamespace(
-                infer_endpoint=SimpleNamespace(manager=server.manager), start_infer=lambda *args: None))
-            arena = Arena.create(64 * 1024)
-            worker = Worker()
-            link = WorkerLink(app, arena, {}, 0)  # type: ignore[arg-type]
-            link.connection_made(worker)
-            link.data_received(frame((Kind.INFER.value, 0, "double", None, (None, None, None), 0, -1, 0, b"")))
-            token = (await worker.wait_for(Kind.MODEL))[0][2]
+        async for link, worker, arena, token in _linked(tmp_path, model=PICKY):
             link.data_received(frame(*_decoded(arena, token, range(11, 16))))
             got = await _answered(worker, arena, set(range(11, 16)))
             assert got == {**{id: [[2.0 * id, -2.0 * id]] for id in (11, 12, 14, 15)}, 13: 500}
             error = next(message for message in worker.of(Kind.ANSWER) if message[1] == 13)
             assert b"13 is not served" in error[6]
-            stats = server.manager.latest["double"].stats
+            stats = _serving(link).stats
             assert (stats.success.count, stats.fail.count) == (4, 1)
-            link.close()
 
     run(scenario())
 
@@ -376,15 +365,11 @@ def test_a_model_that_sees_requests_one_by_one_or_a_bounded_queue_takes_no_bundl
             assert server.manager.latest["double"].bundle_limit == 0
         async with served_double(tmp_path / "free") as (server, _):
             assert server.manager.latest["double"].bundle_limit == 8
-        triton = tmp_path / "triton" / "double"
-        triton.mkdir(parents=True)
-        (triton / "config.toml").write_text(CONFIG.format(delay_us=0, policy=""))
-        (triton / "model.py").write_text(TRITON_DOUBLE)
-        async with InProcessServer(str(tmp_path / "triton")) as server:  # execute(requests) sees each
+        async with served_double(tmp_path / "triton", model=TRITON_DOUBLE) as (server, _):  # execute sees each
             assert server.manager.latest["double"].bundle_limit == 0
 
-    (tmp_path / "bounded").mkdir()
-    (tmp_path / "free").mkdir()
+    for folder in ("bounded", "free", "triton"):
+        (tmp_path / folder).mkdir()
     run(scenario())
 
 
