@@ -176,6 +176,43 @@ def _add_main_cpu(path: Path, runs: list[Run]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def break_even_us(reference_throughput: float, host_busy: float, cores: int, client_cpu_us: float) -> float:
+    """The server CPU per inference (us) at which a server would serve
+    ``reference_throughput`` infer/s on a host ``host_busy`` busy (a share of ``cores``
+    cores) beside a load generator spending ``client_cpu_us`` per inference: above it,
+    that server runs out of host before it matches the reference."""
+    return host_busy * cores * 1e6 / reference_throughput - client_cpu_us
+
+
+def _print_break_even(runs: list[Run], names: list[str], level: int) -> None:
+    """For each count after the first: the server CPU per inference it could spend and
+    still match the first count's throughput, with the host as busy as it was and
+    perf_analyzer's CPU per inference what it was (both medians), beside what it spent.
+    Where the host was not the limit (a server short of both), what holds it back is
+    elsewhere: its processes' own pace, or the load generator's."""
+    def medians(name: str) -> tuple[float, float, float, float] | None:
+        ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
+        if not ok or any("host_busy" not in run.extra or "client_cpu_us" not in run.extra for run in ok):
+            return None
+        return (statistics.median(run.throughput for run in ok), statistics.median(run.cpu_us for run in ok),
+                statistics.median(run.extra["client_cpu_us"] for run in ok),
+                statistics.median(run.extra["host_busy"] for run in ok))
+
+    reference = medians(names[0]) if names else None
+    if reference is None:
+        return
+    cores = os.cpu_count() or 1
+    for name in names[1:]:
+        figures = medians(name)
+        if figures is None:
+            continue
+        throughput, server_us, client_us, busy = figures
+        budget = break_even_us(reference[0], busy, cores, client_us)
+        print(f"{name:<7} c={level:<4} to match {names[0]}'s {reference[0]:,.0f} infer/s with the host {busy:.0%} busy "
+              f"({cores} cores) and perf_analyzer at {client_us:.1f} us/infer, the server may spend "
+              f"{budget:.1f} us/infer; it spends {server_us:.1f}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workers", default="1,2", help="comma-separated --http-workers counts (the first is the reference)")
@@ -263,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 busy = statistics.median(run.extra.get("host_busy", nan) for run in ok)
                 print(f"{name:<7} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}, "
                       f"{client:6.1f}; {busy:4.0%}")
+        _print_break_even(runs, ours, level)
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
         _add_main_cpu(Path(args.csv), runs)

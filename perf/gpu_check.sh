@@ -15,7 +15,8 @@
 # GPU_CHECK_SECONDS (the whole check's budget, default 400), GPU_CHECK_WORKERS (the
 # --http-workers counts bench_workers compares, e.g. 1,4,8; default: not run),
 # GPU_CHECK_CLIENTS (perf_analyzer processes bench_workers splits the concurrency over,
-# default 1: is one perf_analyzer the limit?).
+# default 1: is one perf_analyzer the limit?), GPU_CHECK_PA_ARG (one more perf_analyzer
+# argument for bench_workers' runs, e.g. --async: is its synchronous mode the limit?).
 #
 # Needs the machine's python3 with torch (CUDA), numpy, grpcio, transformers, pytest,
 # nvidia-ml-py, and nereid's other dependencies as wheels in .whl/ (shared/tools/device-wheels).
@@ -81,7 +82,7 @@ main() {
       echo "== perf/bench_workers.py --protocol $protocol ($(( $(date +%s) - started )) s in)"
       timeout $(( workers_share / 2 + 30 )) python3 perf/bench_workers.py --model bert --protocol "$protocol" \
         --workers "$GPU_CHECK_WORKERS" --concurrency 256 --repeats 1 --perf-analyzer "$pa" \
-        --clients "${GPU_CHECK_CLIENTS:-1}" \
+        --clients "${GPU_CHECK_CLIENTS:-1}" ${GPU_CHECK_PA_ARG:+--pa-arg="$GPU_CHECK_PA_ARG"} \
         --measurement-interval 2000 --max-trials 4 --stability-percentage 50 --retries 1 \
         --csv "$OUT/workers_$protocol.csv" || workers=1
     done
