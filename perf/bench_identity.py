@@ -50,7 +50,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 PERF_ANALYZER = REPO / "perf" / "perf_analyzer"
@@ -555,9 +555,12 @@ def _run_clients(
     stem: str, clients: int,
 ) -> Run:
     """``concurrency`` split over ``clients`` perf_analyzer processes started together (is one
-    perf_analyzer the limit?): throughput is their sum, p50 the median of theirs, p99 the
-    highest; their windows start together but each stabilises on its own, so the sum is
-    approximate."""
+    perf_analyzer the limit?). Throughput is the server's: the answers it counted per second
+    from the end of the clients' first window until the first client ended, while all of
+    them were loading it (``overlap_rate``). The sum of the clients' own figures, kept as
+    ``client_sum``, overstates it: each stabilises on its own, and once one has stopped the
+    others' last windows have the server to themselves. p50 is the median of the clients',
+    p99 the highest."""
     levels = [concurrency // clients + (1 if index < concurrency % clients else 0) for index in range(clients)]
     timeout = 60 + args.max_trials * args.measurement_interval / 1000 * 3
     t0 = time.monotonic()
@@ -568,6 +571,8 @@ def _run_clients(
         procs.append((subprocess.Popen(_perf_analyzer_command(args, server, level, stability, csv_path),
                                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT),
                       csv_path, log_file))
+    overlap = overlap_rate(server.success_count, [proc for proc, _, _ in procs],
+                           args.measurement_interval / 1000, t0 + timeout)
     results: list[dict[str, float]] = []
     error = ""
     for proc, csv_path, log_file in procs:
@@ -591,9 +596,36 @@ def _run_clients(
     seconds = time.monotonic() - t0
     if error:
         return Run(server.name, concurrency, repeat, False, seconds=seconds, stability=stability, error=error)
-    return Run(server.name, concurrency, repeat, True, sum(r["throughput"] for r in results),
+    client_sum = sum(r["throughput"] for r in results)
+    if overlap is None:
+        return Run(server.name, concurrency, repeat, False, seconds=seconds, stability=stability,
+                   error=f"the {clients} perf_analyzer clients did not all run past their first window together "
+                         f"(their own figures sum to {client_sum:,.0f} infer/s)")
+    return Run(server.name, concurrency, repeat, True, overlap,
                statistics.median(r["p50_us"] for r in results), max(r["p99_us"] for r in results),
-               float("nan"), seconds, stability, extra={"clients": float(clients)})
+               float("nan"), seconds, stability, extra={"clients": float(clients), "client_sum": client_sum})
+
+
+def overlap_rate(
+    count: Callable[[], float], procs: list[Any], warm_up_s: float, deadline: float,
+    clock: Callable[[], float] = time.monotonic, wait: Callable[[float], None] = time.sleep,
+) -> float | None:
+    """The rate at which ``count`` (the server's answers so far) grew from ``warm_up_s``
+    after now until the first of ``procs`` ended (or ``deadline``): what the server did
+    while every client loaded it. None when one ended before the warm-up was over, or the
+    overlap was under a second or could not be counted."""
+    start = clock() + warm_up_s
+    while clock() < start:
+        if any(proc.poll() is not None for proc in procs):
+            return None
+        wait(0.05)
+    count0, time0 = count(), clock()
+    while clock() < deadline and all(proc.poll() is None for proc in procs):
+        wait(0.05)
+    count1, time1 = count(), clock()
+    if time1 - time0 < 1.0 or not count1 >= count0:  # also false for NaN: the statistics did not answer
+        return None
+    return (count1 - count0) / (time1 - time0)
 
 
 # ---------------------------------------------------------------------------------------
