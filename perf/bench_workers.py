@@ -17,7 +17,7 @@ inference and the host's busy share (is the load generator, or the host, the lim
 Runs unchanged on a many-core machine (say ``--workers 1,4,8,16 --concurrency 64,256
 --model bert``); on a 2-core machine perf_analyzer takes about a core itself.
 ``--clients K`` splits each level over K perf_analyzer processes started together
-(throughput summed), to tell the server's limit from one perf_analyzer's.
+(throughput: the server's count of answers while all of them ran), to tell the server's limit from one perf_analyzer's.
 
     PYTHONPATH=$PWD/server python perf/bench_workers.py --workers 1,2 --concurrency 64 --repeats 3 \
         --csv perf/plots/workers.csv --plot perf/plots/workers.png
