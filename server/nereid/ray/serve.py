@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from nereid.options import ServerOptions
@@ -31,7 +32,7 @@ from nereid.ray.cluster import NAMESPACE, start_cluster_actor
 from nereid.ray.merge import merge_metrics, merge_statistics
 from nereid.ray.replica import Replica, grpc_methods
 
-__all__ = ["RAY_MISSING", "build_application", "merge_metrics", "merge_statistics", "run_on_ray", "start_cluster_actor"]
+__all__ = ["RAY_MISSING", "build_application", "job_environment", "merge_metrics", "merge_statistics", "run_on_ray", "start_cluster_actor"]
 
 _log = logging.getLogger("nereid")
 
@@ -70,6 +71,23 @@ def build_application(options: ServerOptions) -> Any:
     return serve.deployment(**deployment_options)(serve.ingress(replica_app)(replica_class)).bind()
 
 
+#: Ray Serve kills its HTTP proxy when the proxy is not ready within this many seconds three
+#: times running, and `serve.start` then fails. Ray's 5 s is less than the proxy's own start
+#: takes on a small machine under load (2 cores busy: over 15 s), so the clusters nereid's
+#: jobs reach get 60 s unless the variable is set already.
+_PROXY_READY_CHECK = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+_PROXY_READY_CHECK_S = "60"
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The runtime environment of nereid's Ray job (its replicas, and Serve's controller):
+    nereid importable from where this process imports it, and the proxy's ready check."""
+    return {"env_vars": {
+        "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), environ.get("PYTHONPATH")) if p),
+        _PROXY_READY_CHECK: environ.get(_PROXY_READY_CHECK, _PROXY_READY_CHECK_S),
+    }}
+
+
 def run_on_ray(options: ServerOptions) -> int:
     """``nereid serve --ray-replicas N``: serve until SIGINT/SIGTERM, then shut the
     application down. Returns the exit status."""
@@ -79,9 +97,8 @@ def run_on_ray(options: ServerOptions) -> int:
     except ImportError:
         print(f"nereid: {RAY_MISSING}", file=sys.stderr, flush=True)
         return 2
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}}
-    ray.init(address=options.ray_address, namespace=NAMESPACE, runtime_env=env, include_dashboard=False,
-             logging_level=logging.WARNING)
+    ray.init(address=options.ray_address, namespace=NAMESPACE, runtime_env=job_environment(os.environ),
+             include_dashboard=False, logging_level=logging.WARNING)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
