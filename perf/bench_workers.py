@@ -208,9 +208,9 @@ def _print_break_even(runs: list[Run], names: list[str], level: int) -> None:
             continue
         throughput, server_us, client_us, busy = figures
         budget = break_even_us(reference[0], busy, cores, client_us)
-        print(f"{name:<7} c={level:<4} to match {names[0]}'s {reference[0]:,.0f} infer/s with the host {busy:.0%} busy "
-              f"({cores} cores) and perf_analyzer at {client_us:.1f} us/infer, the server may spend "
-              f"{budget:.1f} us/infer; it spends {server_us:.1f}")
+        print(f"{name:<7} c={level:<4} to match {names[0]}'s {reference[0]:,.0f} infer/s with the host "
+              f"{busy:.0%} busy ({cores} cores) and perf_analyzer at {client_us:.1f} us/infer, the server may "
+              f"spend {budget:.1f} us/infer; it spends {server_us:.1f}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

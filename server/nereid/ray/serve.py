@@ -32,7 +32,10 @@ from nereid.ray.cluster import NAMESPACE, start_cluster_actor
 from nereid.ray.merge import merge_metrics, merge_statistics
 from nereid.ray.replica import Replica, grpc_methods
 
-__all__ = ["RAY_MISSING", "build_application", "job_environment", "merge_metrics", "merge_statistics", "run_on_ray", "start_cluster_actor"]
+__all__ = [
+    "RAY_MISSING", "build_application", "job_environment", "merge_metrics", "merge_statistics", "run_on_ray",
+    "start_cluster_actor",
+]
 
 _log = logging.getLogger("nereid")
 

@@ -33,6 +33,7 @@ def test_the_job_gives_serves_proxy_time_to_start_on_a_loaded_machine() -> None:
 
     env = job_environment({"PYTHONPATH": "/elsewhere"})["env_vars"]
     assert env["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "60"
-    assert env["PYTHONPATH"].split(":") == [os.path.dirname(os.path.dirname(os.path.abspath(nereid.__file__))), "/elsewhere"]
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(nereid.__file__)))
+    assert env["PYTHONPATH"].split(":") == [package_root, "/elsewhere"]
     chosen = job_environment({"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "12.5"})["env_vars"]
     assert chosen["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "12.5"
