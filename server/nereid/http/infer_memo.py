@@ -15,6 +15,13 @@ version by ``HttpTablesCache`` and dropped with it):
   shape: ``answer`` gives a repeat its headers and body parts, ``learn_answer`` keeps
   them from a full encode.
 
+A client that gives each request an id of its own (perf_analyzer ``--async``, tracing
+clients: ``{"id":"281474976710657",...``) repeats everything but the id. Where the id
+leads the JSON header and is a plain string (no escape, no control character: its text
+is its bytes), plan and answer are kept for the header with the id cut out and the id's
+length, and each repeat puts its own id back (``_plain_id``): the same request and the
+same answer bytes as the full path, without a full parse and encode per id.
+
 The caller reads as: shortcut, else the full path, then learn. ``parse`` and ``answer``
 never guess: None means "not a repeat", and the full path decides and reports. Property
 tests check that a repeat's request and answer equal the full path's, byte for byte;
@@ -44,6 +51,49 @@ __all__ = ["HttpModelTables", "HttpTablesCache", "InferMemo", "LearntAnswer", "M
 _PLAN_MAX_HEADER = 4096
 #: plans and answers remembered per model version; past it the memo starts afresh.
 _CACHE_SIZE = 256
+#: how a JSON header that leads with its id begins (perf_analyzer and orjson write the
+#: first, tritonclient's json.dumps the second)
+_ID_OPENINGS = (b'{"id":"', b'{"id": "')
+#: the bytes that cannot stand in a JSON string as they are
+_CONTROL = bytes(range(32))
+
+
+#: how an answer's JSON header that carries an id begins (infer_response.py, orjson)
+_ANSWER_OPENING = b'{"id":"'
+_ANSWER_ID_AT = len(_ANSWER_OPENING)
+
+
+def _answer_id(request_id: str) -> bytes | None:
+    """The id's bytes where an answer's JSON header holds them as they are (orjson
+    escapes only quotes, backslashes and control characters), else None."""
+    try:
+        text = request_id.encode()
+    except UnicodeEncodeError:  # a lone surrogate, from a \ud800 escape
+        return None
+    if b'"' in text or b"\\" in text or len(text.translate(None, _CONTROL)) != len(text):
+        return None
+    return text
+
+
+def _plain_id(header: bytes) -> tuple[int, int] | None:
+    """Where the text of the id ``header`` leads with lies, as (start, end), when it is a
+    plain string: no backslash (an escape) and no control character, so its text is its
+    bytes (and its UTF-8, checked). None otherwise, or when the id does not lead."""
+    for opening in _ID_OPENINGS:
+        if header.startswith(opening):
+            start = len(opening)
+            end = header.find(b'"', start)
+            if end < 0:
+                return None
+            text = header[start:end]
+            if b"\\" in text or len(text.translate(None, _CONTROL)) != len(text):
+                return None
+            try:
+                text.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            return start, end
+    return None
 
 
 @dataclasses.dataclass(slots=True)
@@ -101,6 +151,9 @@ class _Reply:
 
     requested: tuple[RequestedOutput, ...] | None
     learnt: LearntAnswer
+    #: kept under its id's length (the header leads with that plain id): each repeat's
+    #: header is this one with its own id put in its place
+    swaps_id: bool = False
 
 
 class InferMemo:
@@ -109,8 +162,10 @@ class InferMemo:
     __slots__ = ("_plans", "_seen", "_replies", "counters")
 
     def __init__(self) -> None:
-        self._plans: dict[tuple[bytes, int, int], _Plan] = {}
-        self._seen: set[tuple[bytes, int, int]] = set()  # headers parsed once, not yet planned
+        #: by (header, body length, JSON limit), or for a header that leads with a plain id
+        #: (the header without the id's text, the id's length, body length, JSON limit)
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._seen: set[tuple[Any, ...]] = set()  # headers parsed once, not yet planned
         self._replies: dict[tuple[Any, ...], _Reply] = {}
         self.counters = MemoCounters()
 
@@ -128,19 +183,30 @@ class InferMemo:
         total = len(body)
         if not 0 < json_length <= min(total, max_json_size, _PLAN_MAX_HEADER):
             return None
-        plan = self._plans.get((body[:json_length], total, max_json_size))
-        if plan is None:
-            return None
+        header = body[:json_length]
+        plan = self._plans.get((header, total, max_json_size))
+        request_id = None
+        if plan is None:  # a header planned but for its own id?
+            where = _plain_id(header)
+            if where is None:
+                return None
+            start, end = where
+            plan = self._plans.get((header[:start] + header[end:], end - start, total, max_json_size))
+            if plan is None:
+                return None
+            request_id = header[start:end].decode()
         if plan.views is not None:
             arrays = wire_inputs.body_views(plan.views, body)
         else:
-            arrays = {item.name: wire_inputs.to_array(item, model_name, plan.prefix, body) for item in plan.inputs}
+            prefix = plan.prefix if request_id is None else f"[request id: {request_id}] "
+            arrays = {item.name: wire_inputs.to_array(item, model_name, prefix, body) for item in plan.inputs}
             if plan.order is not None:
                 arrays = {name: arrays[name] for name in plan.order}
         self.counters.requests += 1
         # InferRequest's fields in order (positional: this runs once per request)
         return InferRequest(
-            model_name, arrays, plan.rows, plan.request_id, model_version, plan.outputs,
+            model_name, arrays, plan.rows, plan.request_id if request_id is None else request_id, model_version,
+            plan.outputs,
             dict(plan.parameters) if plan.parameters else {}, plan.priority, plan.timeout_us,
             plan.binary_data_output,
         )
@@ -158,7 +224,15 @@ class InferMemo:
         (a header seen once, as with a per-request id, only costs a set entry)."""
         if not 0 < json_length <= _PLAN_MAX_HEADER or request.sequence is not None:
             return  # a sequence's requests differ in their flags: no repeats to plan
-        key = (body[:json_length], len(body), max_json_size)
+        header = body[:json_length]
+        key: tuple[Any, ...] = (header, len(body), max_json_size)
+        if request.id:
+            where = _plain_id(header)
+            # the id that leads is the request's (not a later "id" key, nor one spelt with
+            # an escape: the header has no other "id" and no \u)
+            if where is not None and header.count(b'"id"') == 1 and b"\\u" not in header:
+                start, end = where
+                key = (header[:start] + header[end:], end - start, len(body), max_json_size)
         if key in self._plans:
             return
         seen = self._seen
@@ -194,8 +268,11 @@ class InferMemo:
         """The uncompressed answer of a request whose answer header is remembered: its
         HTTP headers (the same object each time) and its body as parts to join (JSON
         header, then blobs). None when it is not: encode it in full."""
+        request_id = request.id
+        swap = _answer_id(request_id) if request_id else None
         key = outputs_key(
-            [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version], outputs,
+            [id(request.outputs), request.binary_data_output, request_id if swap is None else len(swap),
+             request.model_name, model_version], outputs,
         )
         if key is None:
             return None
@@ -203,7 +280,11 @@ class InferMemo:
         if known is None or known.requested is not request.outputs:
             return None
         learnt = known.learnt
-        parts = [learnt.header]
+        header = learnt.header
+        if known.swaps_id:  # its own id, of the same length, in place of the one learnt
+            assert swap is not None
+            header = header[:_ANSWER_ID_AT] + swap + header[_ANSWER_ID_AT + len(swap):]
+        parts = [header]
         if learnt.copied:
             for name, _ in learnt.sent:
                 parts.append(outputs[name].tobytes())
@@ -216,9 +297,15 @@ class InferMemo:
     def learn_answer(
         self, request: InferRequest, outputs: Mapping[str, Any], model_version: int, learnt: LearntAnswer
     ) -> None:
-        """Remember the header of a fully encoded answer the encoder found reusable."""
+        """Remember the header of a fully encoded answer the encoder found reusable: under
+        its id's length where the header leads with that id as it is, else under the id."""
+        request_id = request.id
+        swap = _answer_id(request_id) if request_id else None
+        if swap is not None and not learnt.header.startswith(_ANSWER_OPENING + swap + b'",'):
+            swap = None
         key = outputs_key(
-            [id(request.outputs), request.binary_data_output, request.id, request.model_name, model_version], outputs,
+            [id(request.outputs), request.binary_data_output, request_id if swap is None else len(swap),
+             request.model_name, model_version], outputs,
         )
         if key is None:
             return
@@ -227,7 +314,7 @@ class InferMemo:
             return  # known already: its headers stay the same object (engines key on it)
         if len(self._replies) >= _CACHE_SIZE:
             self._replies.clear()  # answers of ever-changing shapes must not pile up
-        self._replies[key] = _Reply(request.outputs, learnt)
+        self._replies[key] = _Reply(request.outputs, learnt, swap is not None)
         self.counters.replies += 1
 
 
