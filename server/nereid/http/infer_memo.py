@@ -19,7 +19,7 @@ A client that gives each request an id of its own (perf_analyzer ``--async``, tr
 clients: ``{"id":"281474976710657",...``) repeats everything but the id. Where the id
 leads the JSON header and is a plain string (no escape, no control character: its text
 is its bytes), plan and answer are kept for the header with the id cut out and the id's
-length, and each repeat puts its own id back (``_plain_id``): the same request and the
+length, and each repeat puts its own id back (``_without_id``): the same request and the
 same answer bytes as the full path, without a full parse and encode per id.
 
 The caller reads as: shortcut, else the full path, then learn. ``parse`` and ``answer``
@@ -63,6 +63,12 @@ _ANSWER_OPENING = b'{"id":"'
 _ANSWER_ID_AT = len(_ANSWER_OPENING)
 
 
+def _plain(text: bytes) -> bool:
+    """Whether ``text`` stands in a JSON string as it is: no quote, no backslash (an
+    escape), no control character."""
+    return b'"' not in text and b"\\" not in text and len(text.translate(None, _CONTROL)) == len(text)
+
+
 def _answer_id(request_id: str) -> bytes | None:
     """The id's bytes where an answer's JSON header holds them as they are (orjson
     escapes only quotes, backslashes and control characters), else None."""
@@ -70,15 +76,13 @@ def _answer_id(request_id: str) -> bytes | None:
         text = request_id.encode()
     except UnicodeEncodeError:  # a lone surrogate, from a \ud800 escape
         return None
-    if b'"' in text or b"\\" in text or len(text.translate(None, _CONTROL)) != len(text):
-        return None
-    return text
+    return text if _plain(text) else None
 
 
-def _plain_id(header: bytes) -> tuple[int, int] | None:
-    """Where the text of the id ``header`` leads with lies, as (start, end), when it is a
-    plain string: no backslash (an escape) and no control character, so its text is its
-    bytes (and its UTF-8, checked). None otherwise, or when the id does not lead."""
+def _without_id(header: bytes) -> tuple[bytes, int, str] | None:
+    """``header`` without the text of the id it leads with, that text's length in bytes,
+    and the id, when the id is plain (``_plain``, and UTF-8: its text is its bytes).
+    None otherwise, or when the id does not lead."""
     for opening in _ID_OPENINGS:
         if header.startswith(opening):
             start = len(opening)
@@ -86,13 +90,13 @@ def _plain_id(header: bytes) -> tuple[int, int] | None:
             if end < 0:
                 return None
             text = header[start:end]
-            if b"\\" in text or len(text.translate(None, _CONTROL)) != len(text):
+            if not _plain(text):
                 return None
             try:
-                text.decode("utf-8")
+                request_id = text.decode("utf-8")
             except UnicodeDecodeError:
                 return None
-            return start, end
+            return header[:start] + header[end:], end - start, request_id
     return None
 
 
@@ -187,14 +191,13 @@ class InferMemo:
         plan = self._plans.get((header, total, max_json_size))
         request_id = None
         if plan is None:  # a header planned but for its own id?
-            where = _plain_id(header)
-            if where is None:
+            split = _without_id(header)
+            if split is None:
                 return None
-            start, end = where
-            plan = self._plans.get((header[:start] + header[end:], end - start, total, max_json_size))
+            rest, id_length, request_id = split
+            plan = self._plans.get((rest, id_length, total, max_json_size))
             if plan is None:
                 return None
-            request_id = header[start:end].decode()
         if plan.views is not None:
             arrays = wire_inputs.body_views(plan.views, body)
         else:
@@ -227,12 +230,11 @@ class InferMemo:
         header = body[:json_length]
         key: tuple[Any, ...] = (header, len(body), max_json_size)
         if request.id:
-            where = _plain_id(header)
+            split = _without_id(header)
             # the id that leads is the request's (not a later "id" key, nor one spelt with
             # an escape: the header has no other "id" and no \u)
-            if where is not None and header.count(b'"id"') == 1 and b"\\u" not in header:
-                start, end = where
-                key = (header[:start] + header[end:], end - start, len(body), max_json_size)
+            if split is not None and header.count(b'"id"') == 1 and b"\\u" not in header:
+                key = (split[0], split[1], len(body), max_json_size)
         if key in self._plans:
             return
         seen = self._seen
@@ -268,12 +270,8 @@ class InferMemo:
         """The uncompressed answer of a request whose answer header is remembered: its
         HTTP headers (the same object each time) and its body as parts to join (JSON
         header, then blobs). None when it is not: encode it in full."""
-        request_id = request.id
-        swap = _answer_id(request_id) if request_id else None
-        key = outputs_key(
-            [id(request.outputs), request.binary_data_output, request_id if swap is None else len(swap),
-             request.model_name, model_version], outputs,
-        )
+        swap = _answer_id(request.id) if request.id else None
+        key = _answer_key(request, outputs, model_version, swap)
         if key is None:
             return None
         known = self._replies.get(key)
@@ -299,14 +297,10 @@ class InferMemo:
     ) -> None:
         """Remember the header of a fully encoded answer the encoder found reusable: under
         its id's length where the header leads with that id as it is, else under the id."""
-        request_id = request.id
-        swap = _answer_id(request_id) if request_id else None
+        swap = _answer_id(request.id) if request.id else None
         if swap is not None and not learnt.header.startswith(_ANSWER_OPENING + swap + b'",'):
             swap = None
-        key = outputs_key(
-            [id(request.outputs), request.binary_data_output, request_id if swap is None else len(swap),
-             request.model_name, model_version], outputs,
-        )
+        key = _answer_key(request, outputs, model_version, swap)
         if key is None:
             return
         known = self._replies.get(key)
@@ -316,6 +310,18 @@ class InferMemo:
             self._replies.clear()  # answers of ever-changing shapes must not pile up
         self._replies[key] = _Reply(request.outputs, learnt, swap is not None)
         self.counters.replies += 1
+
+
+def _answer_key(
+    request: InferRequest, outputs: Mapping[str, Any], model_version: int, swap: bytes | None
+) -> tuple[Any, ...] | None:
+    """What an answer header is remembered by: the request's output selection, its id (or,
+    where the header holds it as it is: ``swap``, its length), the model version and each
+    output's name, dtype and shape (None: an output is not a numpy array)."""
+    return outputs_key(
+        [id(request.outputs), request.binary_data_output, request.id if swap is None else len(swap),
+         request.model_name, model_version], outputs,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
