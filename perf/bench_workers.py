@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -184,33 +185,41 @@ def break_even_us(reference_throughput: float, host_busy: float, cores: int, cli
     return host_busy * cores * 1e6 / reference_throughput - client_cpu_us
 
 
-def _print_break_even(runs: list[Run], names: list[str], level: int) -> None:
+def _medians(runs: list[Run], name: str, level: int) -> dict[str, float] | None:
+    """The medians of ``name``'s good runs at ``level``: infer/s, server CPU per inference
+    (all processes, the main process), perf_analyzer's CPU per inference, the host's busy
+    share (NaN where a run has none); None without a good run."""
+    ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
+    if not ok:
+        return None
+    nan = float("nan")
+    return {
+        "throughput": statistics.median(run.throughput for run in ok),
+        "server": statistics.median(run.cpu_us for run in ok),
+        "main": statistics.median(run.extra["main_cpu_us"] for run in ok),
+        "client": statistics.median(run.extra.get("client_cpu_us", nan) for run in ok),
+        "busy": statistics.median(run.extra.get("host_busy", nan) for run in ok),
+    }
+
+
+def _print_break_even(medians: dict[str, dict[str, float]], names: list[str], level: int) -> None:
     """For each count after the first: the server CPU per inference it could spend and
     still match the first count's throughput, with the host as busy as it was and
-    perf_analyzer's CPU per inference what it was (both medians), beside what it spent.
-    Where the host was not the limit (a server short of both), what holds it back is
-    elsewhere: its processes' own pace, or the load generator's."""
-    def medians(name: str) -> tuple[float, float, float, float] | None:
-        ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
-        if not ok or any("host_busy" not in run.extra or "client_cpu_us" not in run.extra for run in ok):
-            return None
-        return (statistics.median(run.throughput for run in ok), statistics.median(run.cpu_us for run in ok),
-                statistics.median(run.extra["client_cpu_us"] for run in ok),
-                statistics.median(run.extra["host_busy"] for run in ok))
-
-    reference = medians(names[0]) if names else None
+    perf_analyzer's CPU per inference what it was (both medians, ``_medians``), beside
+    what it spent. Where the host was not the limit (a server short of both), what holds
+    it back is elsewhere: its processes' own pace, or the load generator's."""
+    reference = medians.get(names[0]) if names else None
     if reference is None:
         return
     cores = os.cpu_count() or 1
     for name in names[1:]:
-        figures = medians(name)
-        if figures is None:
+        figures = medians.get(name)
+        if figures is None or math.isnan(figures["client"]) or math.isnan(figures["busy"]):
             continue
-        throughput, server_us, client_us, busy = figures
-        budget = break_even_us(reference[0], busy, cores, client_us)
-        print(f"{name:<7} c={level:<4} to match {names[0]}'s {reference[0]:,.0f} infer/s with the host "
-              f"{busy:.0%} busy ({cores} cores) and perf_analyzer at {client_us:.1f} us/infer, the server may "
-              f"spend {budget:.1f} us/infer; it spends {server_us:.1f}")
+        budget = break_even_us(reference["throughput"], figures["busy"], cores, figures["client"])
+        print(f"{name:<7} c={level:<4} to match {names[0]}'s {reference['throughput']:,.0f} infer/s with the host "
+              f"{figures['busy']:.0%} busy ({cores} cores) and perf_analyzer at {figures['client']:.1f} us/infer, "
+              f"the server may spend {budget:.1f} us/infer; it spends {figures['server']:.1f}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -289,18 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows, [name, f"base-{name}"], levels)
     print("\nCPU per inference, medians (us): server (all processes / main process / workers), perf_analyzer;"
           " the host's busy share")
-    nan = float("nan")
     for level in levels:
-        for name in names:
-            ok = [run for run in runs if run.server == name and run.concurrency == level and run.ok]
-            if ok:
-                total = statistics.median(run.cpu_us for run in ok)
-                main = statistics.median(run.extra["main_cpu_us"] for run in ok)
-                client = statistics.median(run.extra.get("client_cpu_us", nan) for run in ok)
-                busy = statistics.median(run.extra.get("host_busy", nan) for run in ok)
-                print(f"{name:<7} c={level:<4} {total:6.1f} / {main:6.1f} / {total - main:6.1f}, "
-                      f"{client:6.1f}; {busy:4.0%}")
-        _print_break_even(runs, ours, level)
+        medians = {name: figures for name in names if (figures := _medians(runs, name, level)) is not None}
+        for name, m in medians.items():
+            print(f"{name:<7} c={level:<4} {m['server']:6.1f} / {m['main']:6.1f} / {m['server'] - m['main']:6.1f}, "
+                  f"{m['client']:6.1f}; {m['busy']:4.0%}")
+        _print_break_even(medians, ours, level)
     if args.csv:
         write_csv(Path(args.csv), runs, args.protocol)
         _add_main_cpu(Path(args.csv), runs)
