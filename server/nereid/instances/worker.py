@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from nereid.config.extension_parameters import INPUT_TENSORS
-from nereid.tensors.device import DeviceInputs, DispatchTurns
+from nereid.tensors.device import DeviceInputs, DeviceOutputs, DispatchTurns, OutputsInFlight
 from nereid.errors import ModelLoadError
 from nereid.log import configure_logging
 from nereid.faults import FaultLog
@@ -83,6 +83,9 @@ class _Worker:
         #: held while ``infer`` runs: the process's instances on one CUDA device take turns
         #: queueing their kernels, and overlap while they run (``DispatchTurns``)
         self.dispatch_turn = (turns or DispatchTurns()).turn(self.context.device)
+        #: on a CUDA device, a batch's outputs are copied to the host behind its kernels and
+        #: waited for after its turn: the next batch queues its work meanwhile
+        self.device_outputs = DeviceOutputs(self.context.device) if self.stream is not None else None
         self.loop: asyncio.AbstractEventLoop | None = None
         if self.model_class.infer_is_async:
             self.loop = asyncio.new_event_loop()
@@ -218,19 +221,31 @@ class _Worker:
             channel.send(("ok", result))
 
     def _infer(self, channel: Channel, arena: Arena, inputs: dict[str, np.ndarray], params: Any) -> None:
-        """One batch: its turn is held while the model runs and its outputs come to the
-        host, then given to the next batch before these outputs are written and sent. On a
-        GPU the device's dispatch turn is held only while ``infer`` queues the work: the
-        kernels run on, and the outputs are waited for, while another instance of the
-        process queues its own."""
+        """One batch: its turn is held while the model's work is queued, then given to
+        the next batch before these outputs are written and sent. On a GPU the device's
+        dispatch turn is held only while ``infer`` queues the work and the copy of its
+        CUDA outputs to the host (``DeviceOutputs``); the batch's turn ends there too,
+        and the outputs are waited for after it, so the next batch (sent ahead, its
+        inputs already on the device) queues its kernels while these still run and the
+        device never waits for the host between batches. Outputs that are not CUDA
+        tensors are waited for (the stream synchronised) inside the turn, as on the CPU."""
         outputs: Any = None
+        in_flight: OutputsInFlight | None = None
         error: tuple[str, str, str] | None = None
         with self.turns:
             try:
                 with self.dispatch_turn:
                     raw = self._call(self.model.infer, inputs, *params)
-                outputs = self.outputs(raw)
+                    if self.device_outputs is not None:
+                        in_flight = self.device_outputs.start(raw)
+                if in_flight is None:
+                    outputs = self.outputs(raw)
             except BaseException as exc:
+                error = self._fault("infer", exc)
+        if in_flight is not None:
+            try:
+                outputs = worker_outputs(in_flight.wait())
+            except BaseException as exc:  # what the device reported for this batch's kernels
                 error = self._fault("infer", exc)
         self.flush()
         if error is not None:

@@ -2,8 +2,9 @@
 
 Owns moving a batch's numpy inputs onto the instance's device as torch tensors (through a
 pinned host buffer per input, reused batch after batch, copied to the GPU without
-blocking) and bringing a batch's CUDA tensor outputs back in one device-to-host copy; and
-the turns a model version's instances on one CUDA device take to queue their work
+blocking) and bringing a batch's CUDA tensor outputs back in one device-to-host copy
+(``outputs_to_host``, which waits; ``DeviceOutputs``, which queues the copy and waits
+later, so the next batch can queue its kernels meanwhile); and the turns a model version's instances on one CUDA device take to queue their work
 (``DispatchTurns``). torch is imported lazily: only by models that ask for tensors or return
 CUDA tensors. Knows nothing of requests, batches or HTTP.
 """
@@ -16,7 +17,8 @@ from typing import Any, ContextManager
 
 import numpy as np
 
-__all__ = ["DeviceInputs", "DispatchTurns", "INPUT_TENSOR_FORMATS", "outputs_to_host"]
+__all__ = ["DeviceInputs", "DeviceOutputs", "DispatchTurns", "INPUT_TENSOR_FORMATS", "OutputsInFlight",
+           "outputs_to_host"]
 
 #: ``input_tensors`` values: numpy arrays (the default) or torch tensors on the device.
 INPUT_TENSOR_FORMATS = ("numpy", "torch")
@@ -89,6 +91,82 @@ class DeviceInputs:
         if not array.flags.writeable:  # torch warns on read-only memory (a request's bytes)
             array = array.copy()
         return self._torch.from_numpy(array)
+
+
+class DeviceOutputs:
+    """Brings a batch's CUDA tensor outputs to the host without waiting for them there
+    and then: ``start`` queues one device-to-host copy of all of them (laid end to end as
+    bytes) into a pinned buffer of the calling thread's (grown when a batch needs more,
+    reused otherwise) on the current stream, behind the model's kernels, and records an
+    event; ``OutputsInFlight.wait`` waits for that event and reads the outputs back as
+    numpy arrays of their own dtypes and shapes, views on the buffer, good until the
+    thread's next ``start``. Between the two, the instance's next batch queues its own
+    kernels, so the device goes from one batch to the next without waiting for the host
+    (the copy sits on the stream before them)."""
+
+    def __init__(self, device: str) -> None:
+        import torch  # lazily: only models on a CUDA device get here
+
+        self._torch = torch
+        self.device = torch.device(device)
+        self._local = threading.local()
+
+    def start(self, raw: Any) -> OutputsInFlight | None:
+        """The copy of ``raw``'s CUDA tensors queued; None where there is nothing to queue
+        (not a dict of outputs, no CUDA tensor, or one on another device than this
+        instance's): the caller then waits for the stream and converts as before."""
+        if not isinstance(raw, dict):
+            return None
+        names = []
+        for name, value in raw.items():
+            if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False):
+                if value.device != self.device:
+                    return None
+                names.append(name)
+        if not names:
+            return None
+        torch = self._torch
+        # widest elements first: each tensor then starts at a multiple of its element size
+        names.sort(key=lambda name: -raw[name].element_size())
+        tensors = [raw[name].detach().contiguous() for name in names]
+        pieces = [tensor.reshape(-1).view(torch.uint8) for tensor in tensors]
+        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        size = int(flat.numel())
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or buffer.numel() < size:
+            buffer = self._local.buffer = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
+        host = buffer[:size]
+        host.copy_(flat, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(self.device))
+        return OutputsInFlight(raw, names, tensors, host, copied)
+
+
+class OutputsInFlight:
+    """A batch's outputs on their way to the host (``DeviceOutputs.start``)."""
+
+    def __init__(self, raw: dict[str, Any], names: list[str], tensors: list[Any], host: Any, copied: Any) -> None:
+        self._raw = raw
+        self._names = names
+        self._tensors = tensors  # held until the copy has read them
+        self._host = host
+        self._copied = copied
+
+    def wait(self) -> dict[str, Any]:
+        """The outputs, each CUDA tensor now a numpy array (anything else as the model
+        returned it), once the batch's kernels and the copy have run. Raises what the
+        device reports (an illegal access, say) as the batch's failure."""
+        from nereid.tensors.assembly import tensor_to_numpy
+
+        self._copied.synchronize()
+        outputs = dict(self._raw)
+        offset = 0
+        for name, tensor in zip(self._names, self._tensors):
+            size = tensor.numel() * tensor.element_size()
+            outputs[name] = tensor_to_numpy(self._host[offset:offset + size].view(tensor.dtype).reshape(tensor.shape))
+            offset += size
+        self._tensors = []
+        return outputs
 
 
 class DispatchTurns:
