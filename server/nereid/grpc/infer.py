@@ -263,6 +263,8 @@ class _UnaryCall:
 _CACHE_SIZE = 256
 #: the tags of ModelInferRequest.raw_input_contents (7) and ModelInferResponse.raw_output_contents (6)
 _RAW_INPUT_TAG, _RAW_OUTPUT_TAG = b"\x3a", b"\x32"
+#: the tags of model_name (1), model_version (2) and id (3), strings in requests and responses alike
+_NAME_TAG, _VERSION_TAG, _ID_TAG = b"\x0a", b"\x12", b"\x1a"
 
 
 def _varint(value: int) -> bytes:
@@ -272,6 +274,23 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _string_field(tag: bytes, text: str) -> bytes:
+    """A proto3 string field as protobuf writes it (nothing for the empty string)."""
+    if not text:
+        return b""
+    encoded = text.encode()
+    return tag + _varint(len(encoded)) + encoded
+
+
+def _split_at_id(data: bytes, name: str, version: str, id_: str) -> tuple[bytes, bytes] | None:
+    """``data`` (a serialized request or response of model ``name``, ``version`` and id
+    ``id_``) as what comes before its id field and what comes after, when those three
+    fields lead it in order, as protobuf's encoders write them; None when they do not."""
+    lead = _string_field(_NAME_TAG, name) + _string_field(_VERSION_TAG, version)
+    whole = lead + _string_field(_ID_TAG, id_)
+    return (lead, data[len(whole):]) if data.startswith(whole) else None
 
 
 def _without_raw(data: bytes, raw: Sequence[bytes], tag: bytes) -> bytes | None:
@@ -288,10 +307,9 @@ def _without_raw(data: bytes, raw: Sequence[bytes], tag: bytes) -> bytes | None:
 
 @dataclasses.dataclass(slots=True)
 class _Plan:
-    """What the full decoder made of a request, but its raw input contents."""
+    """What the full decoder made of a request, but its raw input contents and its id."""
 
     inputs: tuple[wire_inputs.WireInput, ...]  # in request order, their buffer unset
-    prefix: str
     rows: int
     outputs: tuple[RequestedOutput, ...] | None
     parameters: dict[str, ParameterValue]
@@ -302,10 +320,12 @@ class _Plan:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Answer:
     """A remembered answer: ``requested`` is the very ``request.outputs`` object it was
-    made for; ``head`` the response's bytes without the blobs of the outputs ``sent``."""
+    made for; ``lead`` and ``rest`` the response's bytes before and after its id, without
+    the blobs of the outputs ``sent``."""
 
     requested: tuple[RequestedOutput, ...] | None
-    head: bytes
+    lead: bytes
+    rest: bytes
     sent: tuple[str, ...]
 
 
@@ -314,7 +334,9 @@ class InferMemo:
     repeat. A request is planned when all its inputs are raw contents, none of its
     outputs goes to shared memory and it belongs to no sequence; an answer, when every
     output it sends is a small numeric array of its config datatype (one ``tobytes``
-    each, ``wire_outputs.copied_whole``). None means "not known": the full path decides."""
+    each, ``wire_outputs.copied_whole``). Neither depends on the request's id: clients that
+    number their requests (perf_analyzer's async mode) repeat too, each answered with its own
+    id. None means "not known": the full path decides."""
 
     __slots__ = ("_plans", "_answers", "requests_planned", "answers_remembered")
 
@@ -326,16 +348,24 @@ class InferMemo:
 
     @staticmethod
     def request_key(message: Any, data: bytes) -> tuple[bytes, tuple[int, ...]] | None:
-        """What a request's plan is found by: its bytes but its raw contents, and their sizes."""
+        """What a request's plan is found by: its bytes but its raw contents (and its id,
+        where it leads them as protobuf writes it), and the contents' sizes."""
         raw = message.raw_input_contents
         head = _without_raw(data, raw, _RAW_INPUT_TAG) if raw else None
-        return (head, tuple(map(len, raw))) if head is not None else None
+        if head is None:
+            return None
+        if message.id:
+            split = _split_at_id(head, message.model_name, message.model_version, message.id)
+            if split is not None:
+                head = split[0] + split[1]
+        return head, tuple(map(len, raw))
 
     def request(self, key: tuple[bytes, tuple[int, ...]], message: Any, version: int) -> InferRequest | None:
         plan = self._plans.get(key)
         if plan is None:
             return None
-        model, prefix, raw = message.model_name, plan.prefix, message.raw_input_contents
+        model, raw = message.model_name, message.raw_input_contents
+        prefix = f"[request id: {message.id or '<id_unknown>'}] "
         arrays = {
             item.name: wire_inputs.to_array(
                 wire_inputs.WireInput(item.name, item.dt, item.shape, wire_inputs.BINARY, blob, 0, len(blob)), model, prefix,
@@ -360,16 +390,15 @@ class InferMemo:
         if len(self._plans) >= _CACHE_SIZE:
             self._plans.clear()  # ever-changing requests must not pile up
         self._plans[key] = _Plan(
-            inputs, f"[request id: {message.id or '<id_unknown>'}] ", request.rows, request.outputs,
-            dict(request.parameters), request.priority, request.timeout_us,
+            inputs, request.rows, request.outputs, dict(request.parameters), request.priority, request.timeout_us,
         )
 
     def answer(self, request: InferRequest, outputs: Mapping[str, Any], version: int) -> bytes | None:
-        key = outputs_key([id(request.outputs), request.id, version], outputs)
+        key = outputs_key([id(request.outputs), version], outputs)
         known = self._answers.get(key) if key is not None else None
         if known is None or known.requested is not request.outputs:
             return None
-        parts = [known.head]
+        parts = [known.lead, _string_field(_ID_TAG, request.id) if request.id else b"", known.rest]
         for name in known.sent:
             blob = outputs[name].tobytes()
             parts.append(_RAW_OUTPUT_TAG + _varint(len(blob)))
@@ -381,7 +410,7 @@ class InferMemo:
         self, request: InferRequest, outputs: Mapping[str, Any], version: int, response: Any, data: bytes,
         tables: ModelTables,
     ) -> None:
-        key = outputs_key([id(request.outputs), request.id, version], outputs)
+        key = outputs_key([id(request.outputs), version], outputs)
         if key is None or (request.outputs is not None and any(
             out.shm_region is not None or out.classification for out in request.outputs
         )):
@@ -392,11 +421,12 @@ class InferMemo:
             if dt is None or value.dtype != dt.numpy or not wire_outputs.copied_whole(dt, value.nbytes):
                 return
         head = _without_raw(data, response.raw_output_contents, _RAW_OUTPUT_TAG)
-        if head is None:
+        split = _split_at_id(head, response.model_name, response.model_version, response.id) if head else None
+        if split is None:
             return
         if len(self._answers) >= _CACHE_SIZE:
             self._answers.clear()
-        self._answers[key] = _Answer(request.outputs, head, sent)
+        self._answers[key] = _Answer(request.outputs, split[0], split[1], sent)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from nereid.config import load_model_config
@@ -118,18 +120,79 @@ def test_a_repeated_request_is_made_from_its_plan_as_the_full_decoder_makes_it(t
     _same_request(repeat, decode_request(second, tables, 3, None))
 
 
-def test_requests_that_differ_beyond_their_raw_contents_are_not_repeats(tables: ModelTables) -> None:
+def test_requests_that_differ_beyond_their_raw_contents_and_id_are_not_repeats(tables: ModelTables) -> None:
     memo = InferMemo()
     first = values_request(A, B, id="a")
     key = memo.request_key(first, first.SerializeToString())
     assert key is not None
     memo.learn_request(key, first, decode_request(first, tables, 3, None))
-    other_id = values_request(A, B, id="b")
     two_rows = values_request(np.vstack([A, A]), np.vstack([B, B]), id="a")
     two_rows.inputs[0].shape[:] = [2, 4]
     two_rows.inputs[1].shape[:] = [2, 2]
-    for message in (other_id, two_rows):
+    other_output = values_request(A, B, id="a")
+    other_output.outputs.add(name="OUTPUT0")
+    for message in (two_rows, other_output):
         assert memo.request(memo.request_key(message, message.SerializeToString()), message, 3) is None  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ids=st.lists(st.text(max_size=12), min_size=2, max_size=5),
+    version=st.sampled_from(["", "3"]),
+    values=st.integers(-1000, 1000),
+)
+def test_requests_and_answers_that_differ_only_in_their_id_repeat_with_their_own_id(
+    tables: ModelTables, ids: list[str], version: str, values: int,
+) -> None:
+    """Property test: requests that differ only in their id (any text, empty included,
+    with or without a version named) take the memo's plan and its remembered answer after
+    the first, and both are exactly the full decoder's request and the full encoder's bytes."""
+    memo = InferMemo()
+    for index, id_ in enumerate(ids):
+        message = values_request(A + values + index, B * index, id=id_, model_version=version)
+        data = message.SerializeToString()
+        key = memo.request_key(message, data)
+        assert key is not None
+        full = decode_request(message, tables, 3, None)
+        planned = memo.request(key, message, 3)
+        if planned is None:
+            memo.learn_request(key, message, full)
+        else:
+            _same_request(planned, full)
+        outputs = {"OUTPUT0": A * index + values, "OUTPUT1": B + index}
+        encoded = encode_response(outputs, full, tables, 3, None, None)
+        remembered = memo.answer(full, outputs, 3)
+        if remembered is None:
+            memo.learn_answer(full, outputs, 3, encoded, encoded.SerializeToString(), tables)
+        else:
+            assert remembered == encoded.SerializeToString()
+    assert memo.requests_planned == memo.answers_remembered == len(ids) - 1
+
+
+def test_an_id_that_does_not_lead_the_request_stays_in_its_key(tables: ModelTables) -> None:
+    """protobuf reads fields in any order: an id written after the inputs is kept in the
+    key (so a request with another id there is no repeat) and still answered as its own."""
+    memo = InferMemo()
+
+    def late_id(id_: str) -> tuple[Any, bytes]:
+        message = values_request(A, B)
+        raw = service_pb2.ModelInferRequest(raw_input_contents=message.raw_input_contents)
+        message.ClearField("raw_input_contents")
+        # concatenated messages merge: the name and inputs, then the id, then the raw contents
+        data = b"".join(part.SerializeToString() for part in (message, service_pb2.ModelInferRequest(id=id_), raw))
+        parsed = service_pb2.ModelInferRequest.FromString(data)
+        assert parsed.id == id_ and len(parsed.raw_input_contents) == 2
+        return parsed, data
+
+    first, data = late_id("one")
+    key = memo.request_key(first, data)
+    assert key is not None and b"one" in key[0]
+    memo.learn_request(key, first, decode_request(first, tables, 3, None))
+    second, data = late_id("two")
+    assert memo.request(memo.request_key(second, data), second, 3) is None  # type: ignore[arg-type]
+    again, data = late_id("one")
+    repeat = memo.request(memo.request_key(again, data), again, 3)  # type: ignore[arg-type]
+    assert repeat is not None and repeat.id == "one"
 
 
 def test_typed_contents_and_shared_memory_are_never_planned(tables: ModelTables) -> None:
