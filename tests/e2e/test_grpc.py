@@ -196,6 +196,19 @@ def test_infer_raw_and_typed_contents_answer_as_http(grpc_server: RunningServer)
     client.close()
 
 
+def test_numbered_requests_each_get_their_own_id_and_values_back(grpc_server: RunningServer) -> None:
+    """A client that numbers its requests (perf_analyzer --async): after the first, the
+    server makes them from its memo; each answer carries its request's id and outputs,
+    the empty id and a non-ASCII one included."""
+    client = _client(grpc_server)
+    for index, request_id in enumerate(["1", "2", "10", "", "é-7", "281474976710656", "3"]):
+        data = np.full((1, 4), index, dtype=np.float32)
+        result = client.infer("identity", [_input("INPUT0", data, "FP32")], request_id=request_id)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+        assert result.get_response().id == request_id
+    client.close()
+
+
 def test_classification_over_grpc(grpc_server: RunningServer) -> None:
     client = _client(grpc_server)
     data = np.array([[0.1, 0.9, 0.5, 0.2]], np.float32)
