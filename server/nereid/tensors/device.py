@@ -117,20 +117,11 @@ class DeviceOutputs:
         instance's): the caller then waits for the stream and converts as before."""
         if not isinstance(raw, dict):
             return None
-        names = []
-        for name, value in raw.items():
-            if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False):
-                if value.device != self.device:
-                    return None
-                names.append(name)
-        if not names:
+        names = _cuda_tensors(raw)
+        if not names or any(raw[name].device != self.device for name in names):
             return None
         torch = self._torch
-        # widest elements first: each tensor then starts at a multiple of its element size
-        names.sort(key=lambda name: -raw[name].element_size())
-        tensors = [raw[name].detach().contiguous() for name in names]
-        pieces = [tensor.reshape(-1).view(torch.uint8) for tensor in tensors]
-        flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        tensors, flat = _laid_end_to_end(torch, raw, names)
         size = int(flat.numel())
         buffer = getattr(self._local, "buffer", None)
         if buffer is None or buffer.numel() < size:
@@ -156,15 +147,8 @@ class OutputsInFlight:
         """The outputs, each CUDA tensor now a numpy array (anything else as the model
         returned it), once the batch's kernels and the copy have run. Raises what the
         device reports (an illegal access, say) as the batch's failure."""
-        from nereid.tensors.assembly import tensor_to_numpy
-
         self._copied.synchronize()
-        outputs = dict(self._raw)
-        offset = 0
-        for name, tensor in zip(self._names, self._tensors):
-            size = tensor.numel() * tensor.element_size()
-            outputs[name] = tensor_to_numpy(self._host[offset:offset + size].view(tensor.dtype).reshape(tensor.shape))
-            offset += size
+        outputs = _read_back(self._raw, self._names, self._tensors, self._host)
         self._tensors = []
         return outputs
 
@@ -205,25 +189,44 @@ def outputs_to_host(raw: Any) -> Any:
     converts and checks it)."""
     if not isinstance(raw, dict) or all(type(value) is np.ndarray for value in raw.values()):
         return raw
-    on_gpu = [
-        name for name, value in raw.items()
-        if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False)
-    ]
+    on_gpu = _cuda_tensors(raw)
     if len(on_gpu) < 2:
         return raw  # one tensor is one copy anyway (split's tensor_to_numpy)
     import torch  # loaded already: the model returned its tensors
 
+    tensors, flat = _laid_end_to_end(torch, raw, on_gpu)
+    return _read_back(raw, on_gpu, tensors, flat.cpu())
+
+
+def _cuda_tensors(raw: dict[str, Any]) -> list[str]:
+    """The names of ``raw``'s CUDA tensors, widest elements first: laid end to end, each
+    then starts at a multiple of its element size (a byte view is read back as its dtype
+    only from such an offset)."""
+    names = [
+        name for name, value in raw.items()
+        if type(value).__module__.startswith("torch") and getattr(value, "is_cuda", False)
+    ]
+    names.sort(key=lambda name: -raw[name].element_size())
+    return names
+
+
+def _laid_end_to_end(torch: Any, raw: dict[str, Any], names: list[str]) -> tuple[list[Any], Any]:
+    """The tensors ``names`` of ``raw`` (contiguous) and their bytes end to end, on their
+    device (queued on the current stream)."""
+    tensors = [raw[name].detach().contiguous() for name in names]
+    pieces = [tensor.reshape(-1).view(torch.uint8) for tensor in tensors]
+    return tensors, pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+def _read_back(raw: dict[str, Any], names: list[str], tensors: list[Any], host: Any) -> dict[str, Any]:
+    """``raw`` with each tensor of ``names`` read back from ``host`` (their bytes end to end,
+    on the host) as a numpy array of its own dtype and shape; anything else as it is."""
     from nereid.tensors.assembly import tensor_to_numpy
 
-    # widest elements first: every tensor then starts at a multiple of its element size
-    # (a byte view is read back as its dtype only from such an offset)
-    on_gpu.sort(key=lambda name: -raw[name].element_size())
-    tensors = [raw[name].detach().contiguous() for name in on_gpu]
-    flat = torch.cat([tensor.reshape(-1).view(torch.uint8) for tensor in tensors]).cpu()
     converted = dict(raw)
     offset = 0
-    for name, tensor in zip(on_gpu, tensors):
+    for name, tensor in zip(names, tensors):
         size = tensor.numel() * tensor.element_size()
-        converted[name] = tensor_to_numpy(flat[offset:offset + size].view(tensor.dtype).reshape(tensor.shape))
+        converted[name] = tensor_to_numpy(host[offset:offset + size].view(tensor.dtype).reshape(tensor.shape))
         offset += size
     return converted
