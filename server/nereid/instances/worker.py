@@ -37,6 +37,7 @@ from nereid.log import configure_logging
 from nereid.faults import FaultLog
 from nereid.repository.model_file import ModelClass, describe_exception, load_model_class
 from nereid.instances.calls import MetricsProxy, ProcessBls, ServerCalls
+from nereid.instances.coroutines import discard, run_on, sync_steps
 from nereid.instances.channel import Arena, Channel, ChannelClosed, read_arrays, write_arrays
 from nereid.instances.sendable import PICKLE_ERRORS, portable, sendable, worker_outputs
 from nereid.triton_python.adapter import TritonModel
@@ -203,7 +204,7 @@ class _Worker:
         result = fn(*args)
         if inspect.isawaitable(result):
             assert self.loop is not None
-            return _run_on(self.loop, result)
+            return run_on(self.loop, result)
         return result
 
     def _fault(self, stage: str, exc: BaseException) -> tuple[str, str, str]:
@@ -280,11 +281,11 @@ class _Worker:
             steps = self.model.infer(inputs, *params)
             if self.loop is not None:  # as a thread instance words it
                 if not hasattr(steps, "__anext__"):
-                    _discard(steps)
+                    discard(steps)
                     raise TypeError(
                         f"a decoupled async model's infer must be an async generator, got {type(steps).__name__}"
                     )
-                steps = _sync_steps(steps, self.loop)
+                steps = sync_steps(steps, self.loop)
             elif not hasattr(steps, "__next__"):
                 raise TypeError(f"a decoupled model's infer must be a generator, got {type(steps).__name__}")
             try:
@@ -356,8 +357,6 @@ class _Worker:
         channel.send(reply)
 
 
-
-
 def _cuda_stream(device: str) -> Any:
     """A new CUDA stream on ``device`` (made its current device), or None off CUDA."""
     if not device.startswith("cuda"):
@@ -366,50 +365,6 @@ def _cuda_stream(device: str) -> Any:
 
     torch.cuda.set_device(device)
     return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
-
-
-async def _contained(awaitable: Any) -> tuple[bool, Any]:
-    """Await model code on the worker's loop, whatever it raises returned rather than
-    raised: a SystemExit or KeyboardInterrupt leaving a task stops the loop itself (every
-    later await would hang), and a CancelledError of the model's own would come back as
-    the cross-thread future's bare CancelledError, its message lost."""
-    try:
-        return True, await awaitable
-    except BaseException as exc:  # model code: handed to the calling thread as it is
-        return False, exc
-
-
-def _run_on(loop: asyncio.AbstractEventLoop, awaitable: Any) -> Any:
-    """``await awaitable`` on ``loop``, from a serving thread: its result, or what it raised."""
-    ok, value = asyncio.run_coroutine_threadsafe(_contained(awaitable), loop).result()
-    if not ok:
-        raise value
-    return value
-
-
-def _discard(value: Any) -> None:
-    """Close what infer returned and will not be used (a coroutine never awaited warns)."""
-    if inspect.iscoroutine(value):
-        value.close()
-
-
-def _sync_steps(steps: Any, loop: asyncio.AbstractEventLoop) -> Any:
-    """An async generator iterated from this thread through the worker's loop."""
-
-    class _Steps:
-        def __iter__(self) -> Any:
-            return self
-
-        def __next__(self) -> Any:
-            try:
-                return _run_on(loop, steps.__anext__())
-            except StopAsyncIteration:
-                raise StopIteration from None
-
-        def close(self) -> None:
-            _run_on(loop, steps.aclose())
-
-    return _Steps()
 
 
 def run_worker(argv: list[str] | None = None) -> int:
