@@ -47,6 +47,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import math
 import re
 import shutil
 import statistics
@@ -312,6 +313,48 @@ class Level:
     gpu_util: float
     mean_batch: float
     busy_share: float
+    #: ms per batch (``batch_phases``) and the run's CPU per inference by process (µs)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def cpu_split(self) -> str:
+        extra = self.run.extra
+        return " / ".join(f"{extra.get(f'{role}_cpu_us', math.nan):.0f}" for role in CPU_ROLES)
+
+
+#: the CPU columns: the server's processes by role (bench_identity.Server.cpu_by_role), then
+#: perf_analyzer's
+CPU_ROLES = ("main", "workers", "instances", "client")
+#: the ms per batch of ``batch_phases``: the instance's compute input, infer and output (the
+#: batch statistics), the whole time it was busy, and the main process's forming and answering
+PHASES = ("input", "infer", "output", "busy", "formation", "answer")
+
+
+def batch_phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Where a batch's time went between two statistics snapshots of one model, in ms per
+    batch (``PHASES``), and the mean queue time per request in ms ("queue")."""
+    def per_batch(figures: list[dict[str, int]]) -> float:
+        count = sum(figure["count"] for figure in figures)
+        return sum(figure["ns"] for figure in figures) / count / 1e6 if count else math.nan
+
+    def delta(path: tuple[str, ...]) -> dict[str, int]:
+        b, a = before, after
+        for key in path:
+            b, a = b[key], a[key]
+        return {"count": a["count"] - b["count"], "ns": a["ns"] - b["ns"]}
+
+    sizes_before = {entry["batch_size"]: entry for entry in before.get("batch_stats", [])}
+    phases: dict[str, float] = {}
+    for phase in ("input", "infer", "output"):
+        key = f"compute_{phase}"
+        figures = []
+        for entry in after.get("batch_stats", []):
+            old = sizes_before.get(entry["batch_size"], {}).get(key, {"count": 0, "ns": 0})
+            figures.append({"count": entry[key]["count"] - old["count"], "ns": entry[key]["ns"] - old["ns"]})
+        phases[phase] = per_batch(figures)
+    for phase, key in (("busy", "instance_busy"), ("formation", "batch_formation"), ("answer", "batch_answer")):
+        phases[phase] = per_batch([delta(("scheduling", key))]) if "scheduling" in after else math.nan
+    phases["queue"] = per_batch([delta(("inference_stats", "queue"))])
+    return phases
 
 
 def serve_levels(args: argparse.Namespace, variant: Variant, work: Path, sampler: GpuSampler) -> list[Level]:
@@ -342,13 +385,20 @@ def serve_levels(args: argparse.Namespace, variant: Variant, work: Path, sampler
             instances = args.instances_of[variant.name]
             batch, rate = variant.reference(concurrency)
             level = Level(variant.name, concurrency, run, batch, rate, utilisation,
-                          rows / batches if batches else float("nan"), busy_ns / (t1 - t0) / instances)
+                          rows / batches if batches else float("nan"), busy_ns / (t1 - t0) / instances,
+                          batch_phases(before, after))
             levels.append(level)
             if run.ok:
                 log(f"{variant.name:<13} c={concurrency:<4} {run.throughput:9.1f} infer/s = "
                     f"{run.throughput / rate:6.1%} of offline B={batch} ({rate:,.0f}/s); p50 {run.p50_us / 1000:7.2f} ms "
                     f"p99 {run.p99_us / 1000:7.2f} ms; GPU {utilisation:5.1f}%; batch {level.mean_batch:6.1f}; "
                     f"busy {level.busy_share:.0%}; cpu {run.cpu_us:6.0f} us/infer")
+                phases = level.phases
+                log(f"{'':<13} cpu us/infer main / workers / instances / perf_analyzer {level.cpu_split()}; "
+                    f"host {run.extra.get('host_busy', math.nan):.0%} busy; ms per batch: input "
+                    f"{phases['input']:.2f} infer {phases['infer']:.2f} output {phases['output']:.2f} busy "
+                    f"{phases['busy']:.2f} formation {phases['formation']:.3f} answer {phases['answer']:.3f}; "
+                    f"queue {phases['queue']:.2f} ms")
             else:
                 log(f"{variant.name} c={concurrency} FAILED: {run.error}")
     finally:
@@ -423,7 +473,8 @@ def write_csv(path: Path, variants: list[Variant], levels: list[Level], device: 
         writer.writerow(["device", "variant", "description", "concurrency", "ok", "infer_per_s", "reference_batch",
                          "offline_rows_per_s_at_reference", "share_of_offline", "offline_max_batch_rows_per_s",
                          "offline_b1_ms", "p50_us", "p99_us", "gpu_util_pct", "cpu_us_per_infer", "mean_batch",
-                         "busy_share", "error"])
+                         "busy_share", *(f"{role}_cpu_us_per_infer" for role in CPU_ROLES), "host_busy",
+                         *(f"batch_{phase}_ms" for phase in PHASES), "queue_ms_per_request", "error"])
         by_name = {v.name: v for v in variants}
         for level in levels:
             v = by_name[level.variant]
@@ -432,7 +483,11 @@ def write_csv(path: Path, variants: list[Variant], levels: list[Level], device: 
                              level.reference_batch, f"{level.reference_rate:.1f}",
                              f"{r.throughput / level.reference_rate:.3f}", f"{v.limits[v.max_batch][0]:.1f}",
                              f"{v.limits[1][1]:.3f}", f"{r.p50_us:.0f}", f"{r.p99_us:.0f}", f"{level.gpu_util:.1f}",
-                             f"{r.cpu_us:.1f}", f"{level.mean_batch:.1f}", f"{level.busy_share:.3f}", r.error])
+                             f"{r.cpu_us:.1f}", f"{level.mean_batch:.1f}", f"{level.busy_share:.3f}",
+                             *(f"{r.extra.get(f'{role}_cpu_us', math.nan):.1f}" for role in CPU_ROLES),
+                             f"{r.extra.get('host_busy', math.nan):.3f}",
+                             *(f"{level.phases.get(phase, math.nan):.3f}" for phase in PHASES),
+                             f"{level.phases.get('queue', math.nan):.3f}", r.error])
     log(f"runs written to {path}")
 
 

@@ -100,6 +100,17 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+#: (what a process's command line holds, its role) for a server's processes other than
+#: the one started (``Server.cpu_by_role``)
+PROCESS_ROLES = (("nereid.frontends.worker", "workers"), ("nereid.instances.worker", "instances"))
+
+
+def _role_of(pid: str) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = f.read().decode(errors="replace")
+    return next((role for marker, role in PROCESS_ROLES if marker in command), "other")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +142,8 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = log_dir / f"{self.name}.log"
         self._log_file: io.BufferedWriter | None = None
+        #: CPU seconds by role at each cpu_seconds call
+        self.cpu_marks: list[dict[str, float]] = []
 
     @property
     def url(self) -> str:
@@ -211,23 +224,45 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) used so far by every process of the server's process
-        group (the server, and Triton's backend stubs or nereid's worker processes)."""
+        group (the server, and Triton's backend stubs or nereid's worker processes). Each
+        call also notes the time by role (``cpu_by_role``) for ``cpu_split``."""
         if self.proc is None:
             return float("nan")
+        by_role = self.cpu_by_role()
+        self.cpu_marks.append(by_role)
+        return sum(by_role.values())
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of the server's process group by role (``PROCESS_ROLES``,
+        told by each process's command line): "main" (the process started), "workers"
+        (nereid's front-end workers), "instances" (nereid's instance processes), "other"
+        (e.g. Triton's Python backend stubs)."""
+        assert self.proc is not None
         tick = os.sysconf("SC_CLK_TCK")
-        total = 0
+        ticks = dict.fromkeys(("main", *(role for _, role in PROCESS_ROLES), "other"), 0)
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     stat = f.read()
-            except OSError:
+                fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
+                if int(fields[2]) != self.proc.pid:  # pgrp
+                    continue
+                role = "main" if int(entry) == self.proc.pid else _role_of(entry)
+            except OSError:  # gone meanwhile
                 continue
-            fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
-            if int(fields[2]) == self.proc.pid:  # pgrp
-                total += int(fields[11]) + int(fields[12])  # utime + stime, ticks
-        return total / tick
+            ticks[role] += int(fields[11]) + int(fields[12])  # utime + stime
+        return {role: count / tick for role, count in ticks.items()}
+
+    def cpu_split(self) -> dict[str, float]:
+        """Each role's share of the server's CPU time between the last two
+        ``cpu_seconds`` calls (none before two calls)."""
+        if len(self.cpu_marks) < 2:
+            return {}
+        before, after = self.cpu_marks[-2:]
+        total = sum(after.values()) - sum(before.values())
+        return {role: (after[role] - before[role]) / total if total > 0 else float("nan") for role in after}
 
     def success_count(self) -> float:
         """The model's successful inferences so far, from the statistics extension."""
@@ -479,6 +514,8 @@ def run_level(
         if count1 > count0:
             r.cpu_us = (cpu1 - cpu0) / (count1 - count0) * 1e6
             r.extra["client_cpu_us"] = (client1 - client0) / (count1 - count0) * 1e6
+            for role, share in server.cpu_split().items():
+                r.extra[f"{role}_cpu_us"] = r.cpu_us * share
         busy, total = host1[0] - host0[0], host1[1] - host0[1]
         if total > 0:
             r.extra["host_busy"] = busy / total

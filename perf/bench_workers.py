@@ -90,8 +90,6 @@ class WorkersNereid(Server):
         super().__init__(log_dir)
         self.args = args
         self.workers = workers
-        #: (all processes, main process) CPU seconds at each cpu_seconds call
-        self.marks: list[tuple[float, float]] = []
         self.metrics_port = free_port()
         self.grpc_port = free_port()
         self.model_repo = log_dir / f"model_repository_{self.name}"
@@ -103,29 +101,6 @@ class WorkersNereid(Server):
         else:
             (folder / "config.toml").write_text(CONFIG_TOML.format(queue_delay_us=0))
             (folder / "model.py").write_text(MODEL_PY)
-
-    def cpu_seconds(self) -> float:
-        """All the server's processes' CPU time (as Server's), noting the main process's
-        share of it too, so a run splits its CPU per inference between the main process
-        and the workers."""
-        total = super().cpu_seconds()
-        main = float("nan")
-        if self.proc is not None:
-            try:
-                with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                pass
-            else:
-                fields = stat[stat.rindex(b")") + 2:].split()
-                main = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        self.marks.append((total, main))
-        return total
-
-    def main_share(self) -> float:
-        """The main process's share of the CPU time between the last two cpu_seconds calls."""
-        (total0, main0), (total1, main1) = self.marks[-2:]
-        return (main1 - main0) / (total1 - total0) if total1 > total0 else float("nan")
 
     def command(self) -> list[str]:
         return [
@@ -196,7 +171,7 @@ def _medians(runs: list[Run], name: str, level: int) -> dict[str, float] | None:
     return {
         "throughput": statistics.median(run.throughput for run in ok),
         "server": statistics.median(run.cpu_us for run in ok),
-        "main": statistics.median(run.extra["main_cpu_us"] for run in ok),
+        "main": statistics.median(run.extra.get("main_cpu_us", math.nan) for run in ok),
         "client": statistics.median(run.extra.get("client_cpu_us", nan) for run in ok),
         "busy": statistics.median(run.extra.get("host_busy", nan) for run in ok),
     }
@@ -275,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     for level in levels:
                         run = run_level(args, server, level, repeat, work)
-                        run.extra["main_cpu_us"] = run.cpu_us * server.main_share()
                         log(f"{server.name} c={level} r={repeat}: "
                             + (f"{run.throughput:,.0f} infer/s, {run.cpu_us:.0f} us CPU/infer "
-                               f"(main process {run.extra['main_cpu_us']:.0f}); perf_analyzer "
+                               f"(main process {run.extra.get('main_cpu_us', math.nan):.0f}); perf_analyzer "
                                f"{run.extra.get('client_cpu_us', float('nan')):.0f} us/infer; host "
                                f"{run.extra.get('host_busy', float('nan')):.0%} busy" if run.ok else run.error))
                         failed |= not run.ok
