@@ -64,10 +64,10 @@ def test_nothing_is_queued_without_a_cuda_tensor_and_the_buffer_is_reused() -> N
     assert outputs.start({"A": np.ones(2), "B": torch.ones(2)}) is None
     first = outputs.start({"A": torch.full((4,), 7, device="cuda", dtype=torch.int64)})
     assert first is not None and first.wait()["A"].tolist() == [7] * 4
-    held = outputs._local.buffer
+    assert outputs.pinned_bytes == 4 * 8
     second = outputs.start({"A": torch.full((2,), 3, device="cuda", dtype=torch.int64)})
     assert second is not None and second.wait()["A"].tolist() == [3, 3]
-    assert outputs._local.buffer is held  # the same pinned buffer, reused
+    assert outputs.pinned_bytes == 4 * 8  # the first batch's buffer, reused (a new one would hold 2 * 8)
 
 
 CONFIG = """

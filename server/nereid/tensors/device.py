@@ -111,6 +111,12 @@ class DeviceOutputs:
         self.device = torch.device(device)
         self._local = threading.local()
 
+    @property
+    def pinned_bytes(self) -> int:
+        """The pinned host memory held by the calling thread's buffer."""
+        buffer = getattr(self._local, "buffer", None)
+        return 0 if buffer is None else int(buffer.numel())
+
     def start(self, raw: Any) -> OutputsInFlight | None:
         """The copy of ``raw``'s CUDA tensors queued; None where there is nothing to queue
         (not a dict of outputs, no CUDA tensor, or one on another device than this
