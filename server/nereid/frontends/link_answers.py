@@ -21,7 +21,7 @@ from nereid.frontends.messages import Kind
 from nereid.http.h1.asgi_bridge import AsgiExchange
 from nereid.inference import InferRequest
 from nereid.models.serving import ServingModel
-from nereid.scheduling.pending import Answer, Bundle
+from nereid.scheduling.pending import Answer, Bundle, BundleSplit
 
 if TYPE_CHECKING:
     from nereid.frontends.link import WorkerLink
@@ -151,6 +151,25 @@ class BundleAnswer:
         gone.add(id)
         if len(gone) == len(self.ids):
             self.answered = True
+
+    def split(self, payload: InferRequest, count: int) -> BundleSplit:
+        """Its first ``count`` requests answered apart from now on (a batch takes them
+        while the rest wait on: ``split_bundle``), their tickets with them: their rows of
+        ``payload`` (views), mean received time and BundleAnswer, and the rest's."""
+        head = BundleAnswer(self.link, self.ids[:count], self.received[:count], self.rows, self.serving)
+        del self.ids[:count], self.received[:count]
+        tickets = self.link.tickets
+        for id in head.ids:
+            if tickets.get(id) is self:
+                tickets[id] = head
+        cut = count * self.rows
+        inputs = payload.inputs
+        return BundleSplit(
+            dataclasses.replace(payload, inputs={name: array[:cut] for name, array in inputs.items()}, rows=cut),
+            sum(head.received) // count, head,
+            dataclasses.replace(payload, inputs={name: array[cut:] for name, array in inputs.items()},
+                                rows=payload.rows - cut),
+            sum(self.received) // len(self.received))
 
     def parts(self, payload: InferRequest) -> list[tuple[Any, int, Answer]]:
         """Each request still wanted alone (a failed batch's reruns): its rows of

@@ -10,13 +10,14 @@ DynamicBatcher's own, in batcher.py, read in one go.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any, Callable, Self, Sequence
 
 from nereid.config.schema import DynamicBatching
 from nereid.errors import UnavailableError
 from nereid.scheduling.clock import SYSTEM_CLOCK, Cancellable, Clock, SystemClock
 from nereid.scheduling.execution import Execution, Instance, Outcome
-from nereid.scheduling.pending import Answers, InOrder, Pending
+from nereid.scheduling.pending import Answers, InOrder, Pending, split_bundle
 from nereid.scheduling.queue import RequestQueue
 from nereid.scheduling.staging import Running, Stager
 from nereid.stats import ModelStats
@@ -64,6 +65,8 @@ class BatcherLifecycle:
         queue = self._queue
         preserve = dynamic_batching is not None and dynamic_batching.preserve_ordering
         self._bundles = bundles and queue.batching and not streaming and not queue.bounded and not preserve
+        if self._bundles:  # a bundle that would pass max_batch_size gives the batch what fits
+            queue.splitter = functools.partial(split_bundle, cost_of=cost_of)
         #: decoupled models stream: their batches run through ``run_stream``.
         self.streaming = streaming
         self._form_lock = asyncio.Lock()

@@ -34,8 +34,8 @@ from nereid.scheduling.queue import QueuedRequest
 from nereid.stats import ModelStats
 
 __all__ = [
-    "Answer", "Answers", "Bundle", "BundleAnswer", "CallbackAnswer", "InOrder", "OnAnswer", "Pending", "Stream",
-    "answer_now", "awaited",
+    "Answer", "Answers", "Bundle", "BundleAnswer", "BundleSplit", "CallbackAnswer", "InOrder", "OnAnswer", "Pending",
+    "Stream", "answer_now", "awaited", "split_bundle",
 ]
 
 _log = logging.getLogger("nereid")
@@ -85,12 +85,34 @@ class Pending(QueuedRequest):
 
 
 class BundleAnswer(Answer, Protocol):
-    """A Bundle's Answer: answers every request the bundle stands for at once, and gives
-    them back one by one (``parts``) when a failed batch is rerun a request at a time."""
+    """A Bundle's Answer: answers every request the bundle stands for at once, gives them
+    back one by one (``parts``) when a failed batch is rerun a request at a time, and
+    gives its first ones up to an Answer of their own (``split``) when a batch takes them
+    without the rest."""
+
+    #: the Bundle it answers (set once queued)
+    bundle: Bundle | None
 
     def parts(self, payload: Any, /) -> list[tuple[Any, int, Answer]]:
         """Each request of ``payload`` (the bundle's) still wanted: its own payload (its
         rows), when it was received, its own Answer."""
+
+    def split(self, payload: Any, count: int, /) -> BundleSplit:
+        """Its first ``count`` requests (of ``payload``, the waiting bundle's) answered
+        apart from now on: their payload, mean received time and BundleAnswer, and what
+        this one keeps answering."""
+
+
+@dataclass(frozen=True, slots=True)
+class BundleSplit:
+    """A waiting bundle cut in two (``BundleAnswer.split``): its first requests' payload,
+    mean received time and Answer, then the rest's payload and mean received time."""
+
+    head: Any
+    head_received_ns: int
+    head_answer: BundleAnswer
+    rest: Any
+    rest_received_ns: int
 
 
 class Bundle(Pending):
@@ -99,8 +121,9 @@ class Bundle(Pending):
     request would; ``count`` is how many; ``received_ns`` is their mean. Batched, timed
     out and answered as one entry (its ``answer`` is a ``BundleAnswer``), counted in the
     statistics as ``count`` requests; a request withdrawn while it waits leaves it
-    (``withdraw_part``); a batch that fails is rerun with each of its requests alone
-    (``BundleAnswer.parts``)."""
+    (``withdraw_part``); a batch with room for some of its requests only takes them
+    (``split_bundle``), the rest waiting on in its place; a batch that fails is rerun with
+    each of its requests alone (``BundleAnswer.parts``)."""
 
     __slots__ = ()
     answer: BundleAnswer
@@ -110,6 +133,22 @@ class Bundle(Pending):
         waits, it holds ``payload`` (the others' rows) from now on (True); else nothing
         changes (``DynamicBatcher.withdraw_part``; ``withdraw``: all of them)."""
         return cast(_WithdrawingParts, self.batcher).withdraw_part(self, payload, received_ns)
+
+
+def split_bundle(bundle: Pending, count: int, cost_of: Callable[[Any], int]) -> Pending:
+    """The queue's ``splitter`` where bundles are allowed: the first ``count`` requests of
+    waiting ``bundle`` as a Bundle of their own, for the batch being taken (their rows and
+    Answer cut off by its BundleAnswer's ``split``); ``bundle`` holds the rest, whose cost
+    and count the queue sets."""
+    assert isinstance(bundle, Bundle)
+    cut = bundle.answer.split(bundle.request, count)
+    head = Bundle(cost_of(cut.head), bundle.signature, bundle.level, bundle.enqueued_ns, bundle.deadline_ns,
+                  cut.head, cut.head_received_ns, cut.head_answer, bundle.batcher)
+    head.count = count
+    head.timeout_action = bundle.timeout_action
+    cut.head_answer.bundle = head
+    bundle.request, bundle.received_ns = cut.rest, cut.rest_received_ns
+    return head
 
 
 async def awaited(future: asyncio.Future[Any], pending: Pending) -> Any:

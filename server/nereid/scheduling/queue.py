@@ -11,7 +11,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, Hashable, Iterator, Sequence, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, Sequence, TypeVar
 
 from nereid.config.schema import DynamicBatching, QueuePolicy
 from nereid.errors import QueueFullError
@@ -72,6 +72,12 @@ class RequestQueue(Generic[Entry]):
     of the same and higher priority.
 
     With ``batching=False`` (no ``[dynamic_batching]``) every batch holds one request.
+
+    An entry that stands for several alike requests (``count`` > 1, each costing
+    ``cost // count``) is cut where it would pass max_batch_size, given a ``splitter``:
+    the batch takes as many of its requests as fit, and the rest keep its place, so the
+    batches are those of the same requests queued one by one (without preferred sizes; with
+    them, it is cut only where the batch reaches max_batch_size).
     """
 
     def __init__(
@@ -112,6 +118,11 @@ class RequestQueue(Generic[Entry]):
         self.waiting = 0
         #: the summed cost of the live requests (what ``full`` compares)
         self.queued_cost = 0
+        #: ``splitter(entry, count)``: the first ``count`` requests of a queued ``entry`` as
+        #: an entry of their own for the batch being taken (never queued), ``entry`` left
+        #: holding the rest (its cost and count the queue's to set); None: entries are
+        #: never cut
+        self.splitter: Callable[[Entry, int], Entry] | None = None
 
     def __len__(self) -> int:
         return self._live
@@ -262,8 +273,21 @@ class RequestQueue(Generic[Entry]):
         best_count = 0
         send_now = False
         signature: Hashable = None
+        cut = 0  # how many requests of ``items[-1]`` the batch takes, when it takes part of it
         for item in self._in_order():
             cost = item.cost
+            if pending + cost > self.max_batch_size and (not items or item.signature == signature):
+                cut = self._part_that_fits(item, self.max_batch_size - pending)
+                if cut:
+                    part_cost = cost // item.count * cut
+                    if pending + part_cost > self.max_preferred and best_count == 0:
+                        best_count = len(items)
+                    items.append(item)
+                    pending += part_cost
+                    if pending in self.preferred:
+                        best_count = len(items)
+                    send_now = True
+                    break
             if items:
                 if pending + cost > self.max_preferred and best_count == 0:
                     best_count = len(items)
@@ -296,10 +320,32 @@ class RequestQueue(Generic[Entry]):
             if deadline is not None:
                 wake = min(wake, deadline)
             return Decision((), expired, wake)
-        self._take(batch)
+        if cut and len(batch) == len(items):  # its last entry's first requests; the rest wait on
+            batch = batch[:-1] + (self._split(batch[-1], cut),)
+            self._take(batch[:-1])
+        else:
+            self._take(batch)
         return Decision(batch, expired, None)
 
     # -- internals -------------------------------------------------------------------
+
+    def _part_that_fits(self, item: Entry, room: int) -> int:
+        """How many of the alike requests ``item`` stands for fit in ``room`` (0: it is
+        not to be cut)."""
+        count = item.count
+        if self.splitter is None or count <= 1 or item.cost % count:
+            return 0
+        each = item.cost // count
+        return min(room // each, count - 1) if each > 0 else 0
+
+    def _split(self, item: Entry, count: int) -> Entry:
+        """The first ``count`` requests of queued ``item``, taken as an entry of their own;
+        ``item`` keeps its place with the rest."""
+        assert self.splitter is not None
+        part = self.splitter(item, count)
+        part.removed = True  # taken: it never was in the queue
+        self.recost(item, item.cost - part.cost, item.count - part.count)
+        return part
 
     def _in_order(self) -> Iterator[Entry]:
         for level in self.levels:

@@ -346,6 +346,40 @@ def test_a_bundle_in_a_failed_batch_is_rerun_a_request_at_a_time_so_only_the_cul
     run(scenario())
 
 
+def test_a_bundle_that_would_pass_max_batch_size_gives_the_batch_what_fits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000):  # max_batch_size 8
+            serving = _serving(link)
+            link.data_received(frame(*_decoded(arena, token, range(1, 6))))
+            link.data_received(frame(*_decoded(arena, token, range(6, 11), first_number=False)))
+            link.data_received(frame((Kind.WITHDRAW.value, 7)))  # leaves the second bundle while it waits
+            await worker.wait_for(Kind.DONE)
+            serving.batcher.set_max_queue_delay(0)
+            got = await _answered(worker, arena, {1, 2, 3, 4, 5, 6, 8, 9, 10})
+            assert got == {id: [[2.0 * id, -2.0 * id]] for id in (1, 2, 3, 4, 5, 6, 8, 9, 10)}
+            stats = serving.stats
+            assert sorted(stats.batch_stats) == [1, 8]  # 5 + 3 of the 4 left, then the last one
+            assert (stats.success.count, stats.execution_count, stats.queue.count) == (9, 2, 9)
+            assert serving.queue_depth == 0 and not link.tickets
+
+    run(scenario())
+
+
+def test_the_part_of_a_bundle_a_failed_batch_took_is_rerun_a_request_at_a_time(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000, model=PICKY):
+            link.data_received(frame(*_decoded(arena, token, range(8, 13))))
+            link.data_received(frame(*_decoded(arena, token, range(13, 18), first_number=False)))
+            _serving(link).batcher.set_max_queue_delay(0)  # 8-12 and 13-15 (13 fails), then 16-17
+            got = await _answered(worker, arena, set(range(8, 18)))
+            assert got == {**{id: [[2.0 * id, -2.0 * id]] for id in range(8, 18) if id != 13}, 13: 500}
+            stats = _serving(link).stats
+            assert (stats.success.count, stats.fail.count) == (9, 1)
+            assert 2 in stats.batch_stats  # the bundle's rest: 16 and 17
+
+    run(scenario())
+
+
 TRITON_DOUBLE = """\
 import triton_python_backend_utils as pb_utils
 

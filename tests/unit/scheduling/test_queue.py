@@ -282,3 +282,112 @@ def test_waiting_counts_the_requests_each_entry_stands_for_until_it_leaves() -> 
     assert queue.held == 3
     queue.release(decision.batch)
     assert queue.held == 0
+
+
+# -- entries of several requests cut at the batch's bound --------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Run(QueuedRequest):
+    """An entry of ``count`` alike requests, numbered from ``first`` (a bundle's)."""
+
+    name: str
+    first: int = 0
+
+    def requests(self) -> list[tuple[str, int]]:
+        return [(self.name, self.first + index) for index in range(self.count)]
+
+
+def cut_run(item: Run, count: int) -> Run:
+    """The queue's splitter for Runs: the first ``count`` requests, ``item`` keeps the rest."""
+    part = Run(cost=item.cost // item.count * count, signature=item.signature, level=item.level,
+               enqueued_ns=item.enqueued_ns, deadline_ns=item.deadline_ns, name=item.name, first=item.first)
+    part.count = count
+    item.first += count
+    return part
+
+
+def push_run(queue: RequestQueue[Run], now: int, name: str, count: int, each: int = 1, signature: object = "s") -> Run:
+    run = Run(cost=each * count, signature=signature, level=0, enqueued_ns=now, deadline_ns=0, name=name)
+    run.count = count
+    queue.push(run)
+    return run
+
+
+def taken(decision) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    return [request for item in decision.batch for request in item.requests()]
+
+
+def test_an_entry_of_several_requests_gives_the_batch_what_fits_and_keeps_its_place() -> None:
+    queue: RequestQueue[Run] = RequestQueue(max_batch_size=8, dynamic_batching=DynamicBatching())
+    queue.splitter = cut_run
+    push_run(queue, 0, "a", 3)
+    b = push_run(queue, 0, "b", 4, each=2)
+    push_run(queue, 0, "c", 1)
+    first = queue.decide(0)
+    assert taken(first) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]  # 3 + 2 x 2 rows of 8
+    assert first.batch[-1] is not b and first.batch[-1].removed
+    assert (b.cost, b.count, len(queue), queue.waiting, queue.queued_cost) == (4, 2, 2, 3, 5)
+    assert taken(queue.decide(0)) == [("b", 2), ("b", 3), ("c", 0)]  # the rest first, in its place
+    assert (len(queue), queue.waiting, queue.queued_cost) == (0, 0, 0)
+
+
+def test_without_a_splitter_or_room_for_one_request_an_entry_waits_whole() -> None:
+    queue: RequestQueue[Run] = RequestQueue(max_batch_size=8, dynamic_batching=DynamicBatching())
+    push_run(queue, 0, "a", 3)
+    push_run(queue, 0, "b", 4, each=2)
+    assert len(taken(queue.decide(0))) == 3  # no splitter: the bundle waits for the next batch
+    queue = RequestQueue(max_batch_size=8, dynamic_batching=DynamicBatching())
+    queue.splitter = cut_run
+    push_run(queue, 0, "a", 7)
+    push_run(queue, 0, "b", 4, each=2)
+    assert len(taken(queue.decide(0))) == 7  # 1 row of room, 2 rows a request
+
+
+def test_with_preferred_sizes_an_entry_is_cut_only_where_the_batch_reaches_max_batch_size() -> None:
+    batching = DynamicBatching(preferred_batch_size=[4], max_queue_delay_microseconds=100)
+    queue: RequestQueue[Run] = RequestQueue(max_batch_size=8, dynamic_batching=batching)
+    queue.splitter = cut_run
+    push_run(queue, 0, "a", 2)
+    push_run(queue, 0, "b", 4)
+    push_run(queue, 0, "c", 4)
+    assert taken(queue.decide(10 * US)) == [("a", 0), ("a", 1)]  # "b" would pass 4: the prefix leaves whole
+    assert taken(queue.decide(200 * US)) == [("b", 0), ("b", 1), ("b", 2), ("b", 3), ("c", 0), ("c", 1), ("c", 2),
+                                             ("c", 3)]
+    push_run(queue, 300 * US, "d", 6)
+    push_run(queue, 300 * US, "e", 6)
+    assert len(taken(queue.decide(500 * US))) == 8  # past the delay: up to max_batch_size, "e" cut
+    assert taken(queue.decide(700 * US)) == [("e", 2), ("e", 3), ("e", 4), ("e", 5)]
+
+
+runs = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 3), st.sampled_from(["a", "b"]), st.booleans()),
+                min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs, st.integers(3, 12), st.sampled_from([0, 50]), st.booleans())
+def test_entries_cut_at_the_bound_form_the_batches_their_requests_would_one_by_one(
+    workload: list[tuple[int, int, str, bool]], max_batch: int, delay_us: int, only_full: bool
+) -> None:
+    batching = DynamicBatching(max_queue_delay_microseconds=delay_us)
+    bundled: RequestQueue[Run] = RequestQueue(max_batch_size=max_batch, dynamic_batching=batching)
+    bundled.splitter = cut_run
+    single: RequestQueue[Run] = RequestQueue(max_batch_size=max_batch, dynamic_batching=batching)
+    now = 0
+    for index, (count, each, signature, decide) in enumerate(workload):
+        now += 20 * US
+        each = min(each, max_batch)
+        push_run(bundled, now, str(index), count, each, signature)
+        for first in range(count):
+            single.push(Run(cost=each, signature=signature, level=0, enqueued_ns=now, deadline_ns=0,
+                            name=str(index), first=first))
+        if decide:
+            expected = single.decide(now, only_full=only_full)
+            got = bundled.decide(now, only_full=only_full)
+            assert taken(got) == taken(expected)
+            assert got.wake_at_ns == expected.wake_at_ns
+            assert (bundled.waiting, bundled.queued_cost) == (single.waiting, single.queued_cost)
+    while len(single):
+        now += 100 * US
+        assert taken(bundled.decide(now)) == taken(single.decide(now))
+    assert len(bundled) == 0
