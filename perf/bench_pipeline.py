@@ -5,7 +5,8 @@ The stand-in's batch of up to 128 rows takes a fixed time (``time.sleep``: the G
 released, as a GPU kernel's wait does) whatever its size, with BERT-sized tensors
 (``INPUT_IDS``: 128 INT64 in, ``EMBEDDING``: 768 FP32 out, max_batch_size 128). Its offline
 limit is therefore known: 128 rows per batch time (2,560 rows/s at 50 ms, 6,400 at 20 ms).
-nereid serves it (one thread instance, ``max_queue_delay_microseconds = 0``) and the stock
+nereid serves it (one thread instance, or a process with ``--isolation process``;
+``max_queue_delay_microseconds = 0``; ``--nereid-arg`` adds to both builds' command line) and the stock
 perf_analyzer (``-b 1``, binary tensors) drives it: 50 ms at concurrency 256 and 20 ms at
 concurrency 64 by default. Served throughput is printed against the limit, with the mean
 batch the server formed and, where the build reports it (``scheduling`` in the statistics),
@@ -64,6 +65,7 @@ max_queue_delay_microseconds = 0
 [[instance_group]]
 count = {instances}
 kind = "KIND_CPU"
+isolation = "{isolation}"
 """
 
 MODEL_PY = '''\
@@ -110,13 +112,13 @@ class Scenario:
         return f"{self.batch_ms} ms, c={self.concurrency}" + (f", {self.instances} inst" if self.instances > 1 else "")
 
 
-def write_repo(root: Path, scenarios: list[Scenario]) -> None:
+def write_repo(root: Path, scenarios: list[Scenario], isolation: str = "thread") -> None:
     for batch_ms, instances in sorted({(s.batch_ms, s.instances) for s in scenarios}):
         name = Scenario(batch_ms, 0, instances).model
         folder = root / name / "1"
         folder.mkdir(parents=True)
         (root / name / "config.toml").write_text(
-            CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS, instances=instances))
+            CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS, instances=instances, isolation=isolation))
         (folder / "model.py").write_text(MODEL_PY.format(seconds=batch_ms / 1000))
 
 
@@ -131,12 +133,13 @@ class StandInServer(bench_identity.Nereid):
         self.metrics_port = bench_identity.free_port()
         self.grpc_port = bench_identity.free_port()
         self.model_repo = log_dir / f"model_repository_{name}"
-        write_repo(self.model_repo, args.scenarios)
+        write_repo(self.model_repo, args.scenarios, args.isolation)
 
     def command(self) -> list[str]:
         base = self.cmd.split() if self.cmd else [sys.executable, "-m", "nereid"]
         return base + ["serve", "--model-repository", str(self.model_repo), "--http-port", str(self.port),
-                       "--metrics-port", str(self.metrics_port), "--grpc-port", str(self.grpc_port)]
+                       "--metrics-port", str(self.metrics_port), "--grpc-port", str(self.grpc_port),
+                       *self.args.nereid_arg]
 
     def stats(self) -> dict[str, Any]:
         url = f"http://{self.url}/v2/models/{self.model}/stats"
@@ -273,6 +276,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nereid-cmd", default=None, help="command that runs this build (unset: python -m nereid)")
     p.add_argument("--perf-analyzer", default=str(bench_identity.PERF_ANALYZER))
     p.add_argument("--pa-arg", action="append", default=[])
+    p.add_argument("--isolation", choices=("thread", "process"), default="thread",
+                   help="the stand-in's instances: threads of the server's process, or processes of their own")
+    p.add_argument("--nereid-arg", action="append", default=[],
+                   help="extra `nereid serve` argument, for both builds (e.g. --nereid-arg=--http-workers=2)")
     p.add_argument("--start-timeout", type=float, default=120)
     p.add_argument("--csv", default=None)
     p.add_argument("--plot", default=None)
@@ -283,7 +290,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         p.error("--scenarios takes BATCH_MS:CONCURRENCY pairs, e.g. 50:256,20:64")
     args.http_server = None
-    args.nereid_arg = []
     return args
 
 
