@@ -53,7 +53,7 @@ max_batch_size = {rows}
 name = "INPUT_IDS"
 data_type = "TYPE_INT64"
 dims = [128]
-
+{mask}
 [[output]]
 name = "EMBEDDING"
 data_type = "TYPE_FP32"
@@ -112,13 +112,23 @@ class Scenario:
         return f"{self.batch_ms} ms, c={self.concurrency}" + (f", {self.instances} inst" if self.instances > 1 else "")
 
 
-def write_repo(root: Path, scenarios: list[Scenario], isolation: str = "thread") -> None:
+#: the second input of ``--inputs 2`` (BERT's attention mask)
+MASK_INPUT = """
+[[input]]
+name = "ATTENTION_MASK"
+data_type = "TYPE_INT64"
+dims = [128]
+"""
+
+
+def write_repo(root: Path, scenarios: list[Scenario], isolation: str = "thread", inputs: int = 1) -> None:
     for batch_ms, instances in sorted({(s.batch_ms, s.instances) for s in scenarios}):
         name = Scenario(batch_ms, 0, instances).model
         folder = root / name / "1"
         folder.mkdir(parents=True)
         (root / name / "config.toml").write_text(
-            CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS, instances=instances, isolation=isolation))
+            CONFIG_TOML.format(name=name, ms=batch_ms, rows=ROWS, instances=instances, isolation=isolation,
+                               mask=MASK_INPUT if inputs == 2 else ""))
         (folder / "model.py").write_text(MODEL_PY.format(seconds=batch_ms / 1000))
 
 
@@ -133,7 +143,7 @@ class StandInServer(bench_identity.Nereid):
         self.metrics_port = bench_identity.free_port()
         self.grpc_port = bench_identity.free_port()
         self.model_repo = log_dir / f"model_repository_{name}"
-        write_repo(self.model_repo, args.scenarios, args.isolation)
+        write_repo(self.model_repo, args.scenarios, args.isolation, args.inputs)
 
     def command(self) -> list[str]:
         base = self.cmd.split() if self.cmd else [sys.executable, "-m", "nereid"]
@@ -278,6 +288,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pa-arg", action="append", default=[])
     p.add_argument("--isolation", choices=("thread", "process"), default="thread",
                    help="the stand-in's instances: threads of the server's process, or processes of their own")
+    p.add_argument("--inputs", type=int, choices=(1, 2), default=1,
+                   help="2: an ATTENTION_MASK beside INPUT_IDS (BERT's two inputs: a worker's hand-over is then "
+                        "copied into one array per input)")
     p.add_argument("--nereid-arg", action="append", default=[],
                    help="extra `nereid serve` argument, for both builds (e.g. --nereid-arg=--http-workers=2)")
     p.add_argument("--start-timeout", type=float, default=120)
