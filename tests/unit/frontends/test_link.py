@@ -21,6 +21,7 @@ from nereid.frontends.layout import read_arrays, write_arrays
 from nereid.frontends.link import WorkerLink
 from nereid.frontends.messages import FrameReader, Kind, frame
 from nereid.local import InProcessServer
+from tests.waiting import MODEL_GATE, wait_until_async
 
 CONFIG = """\
 name = "double"
@@ -360,6 +361,42 @@ def test_a_bundle_that_would_pass_max_batch_size_gives_the_batch_what_fits(tmp_p
             stats = serving.stats
             assert sorted(stats.batch_stats) == [1, 8]  # 5 + 3 of the 4 left, then the last one
             assert (stats.success.count, stats.execution_count, stats.queue.count) == (9, 2, 9)
+            assert serving.queue_depth == 0 and not link.tickets
+
+    run(scenario())
+
+
+GATED = """\
+import pathlib
+
+
+class Model:
+    def __init__(self, context):
+        self.gate = pathlib.Path(context.model_dir) / "open"
+
+    def infer(self, inputs):
+        wait_for_file(self.gate)
+        return {"Y": inputs["X"] * 2}
+""" + MODEL_GATE
+
+
+def test_a_request_of_the_running_part_of_a_bundle_withdraws_from_that_part(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async for link, worker, arena, token in _linked(tmp_path, delay_us=1_000_000_000, model=GATED):
+            serving = _serving(link)
+            link.data_received(frame(*_decoded(arena, token, range(1, 6))))
+            link.data_received(frame(*_decoded(arena, token, range(6, 11), first_number=False)))
+            serving.batcher.set_max_queue_delay(0)  # 1-5 with 6-8 run, held at the gate; 9 and 10 wait
+            await wait_until_async(lambda: serving.batcher.executing == 1 and serving.queue_depth == 2,
+                                   "the first batch running, two requests waiting")
+            link.data_received(frame((Kind.WITHDRAW.value, 7), (Kind.WITHDRAW.value, 9)))  # running; waiting
+            assert sorted(message[1] for message in await worker.wait_for(Kind.DONE, 2)) == [7, 9]
+            assert serving.stats.failures_by_reason["CANCELED"] == 1  # 9 left the queue; 7 runs on, unanswered
+            (tmp_path / "double" / "open").touch()
+            wanted = {1, 2, 3, 4, 5, 6, 8, 10}
+            got = await _answered(worker, arena, wanted)
+            assert {id: got[id] for id in wanted} == {id: [[2.0 * id, -2.0 * id]] for id in wanted}
+            assert sorted(serving.stats.batch_stats) == [1, 8]
             assert serving.queue_depth == 0 and not link.tickets
 
     run(scenario())
