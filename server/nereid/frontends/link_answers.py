@@ -163,13 +163,8 @@ class BundleAnswer:
             if tickets.get(id) is self:
                 tickets[id] = head
         cut = count * self.rows
-        inputs = payload.inputs
-        return BundleSplit(
-            dataclasses.replace(payload, inputs={name: array[:cut] for name, array in inputs.items()}, rows=cut),
-            sum(head.received) // count, head,
-            dataclasses.replace(payload, inputs={name: array[cut:] for name, array in inputs.items()},
-                                rows=payload.rows - cut),
-            sum(self.received) // len(self.received))
+        return BundleSplit(_rows_between(payload, 0, cut), sum(head.received) // count, head,
+                           _rows_between(payload, cut, payload.rows), sum(self.received) // len(self.received))
 
     def parts(self, payload: InferRequest) -> list[tuple[Any, int, Answer]]:
         """Each request still wanted alone (a failed batch's reruns): its rows of
@@ -181,11 +176,15 @@ class BundleAnswer:
         for index, id in enumerate(self.ids):
             if id in gone:
                 continue
-            start = index * rows
-            inputs = {name: array[start:start + rows] for name, array in payload.inputs.items()}
-            parts.append((dataclasses.replace(payload, inputs=inputs, rows=rows), self.received[index],
+            parts.append((_rows_between(payload, index * rows, (index + 1) * rows), self.received[index],
                           DecodedAnswer(self.link, id, self.serving)))
         return parts
+
+
+def _rows_between(payload: InferRequest, start: int, stop: int) -> InferRequest:
+    """``payload`` with only its rows ``start`` to ``stop`` (views on its inputs)."""
+    inputs = {name: array[start:stop] for name, array in payload.inputs.items()}
+    return dataclasses.replace(payload, inputs=inputs, rows=stop - start)
 
 
 def _fail(link: WorkerLink, id: int, serving: ServingModel, error: BaseException) -> None:
