@@ -325,8 +325,10 @@ class Level:
 #: perf_analyzer's
 CPU_ROLES = ("main", "workers", "instances", "client")
 #: the ms per batch of ``batch_phases``: the instance's compute input, infer and output (the
-#: batch statistics), the whole time it was busy, and the main process's forming and answering
-PHASES = ("input", "infer", "output", "busy", "formation", "answer")
+#: batch statistics), the whole time it was busy, its idle time before a batch that was
+#: queued when the batch before ended, and the main process's forming and answering; then
+#: the share of batches so queued ("ready": 1.0, the instance never waited for a batch)
+PHASES = ("input", "infer", "output", "busy", "idle", "formation", "answer", "ready")
 
 
 def batch_phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -351,8 +353,15 @@ def batch_phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
             old = sizes_before.get(entry["batch_size"], {}).get(key, {"count": 0, "ns": 0})
             figures.append({"count": entry[key]["count"] - old["count"], "ns": entry[key]["ns"] - old["ns"]})
         phases[phase] = per_batch(figures)
-    for phase, key in (("busy", "instance_busy"), ("formation", "batch_formation"), ("answer", "batch_answer")):
+    for phase, key in (("busy", "instance_busy"), ("idle", "instance_idle_between_batches"),
+                       ("formation", "batch_formation"), ("answer", "batch_answer")):
         phases[phase] = per_batch([delta(("scheduling", key))]) if "scheduling" in after else math.nan
+    if "scheduling" in after:
+        batches = delta(("scheduling", "instance_busy"))["count"]
+        ready = delta(("scheduling", "instance_idle_between_batches"))["count"]
+        phases["ready"] = ready / batches if batches else math.nan
+    else:
+        phases["ready"] = math.nan
     phases["queue"] = per_batch([delta(("inference_stats", "queue"))])
     return phases
 
@@ -397,7 +406,8 @@ def serve_levels(args: argparse.Namespace, variant: Variant, work: Path, sampler
                 log(f"{'':<13} cpu us/infer main / workers / instances / perf_analyzer {level.cpu_split()}; "
                     f"host {run.extra.get('host_busy', math.nan):.0%} busy; ms per batch: input "
                     f"{phases['input']:.2f} infer {phases['infer']:.2f} output {phases['output']:.2f} busy "
-                    f"{phases['busy']:.2f} formation {phases['formation']:.3f} answer {phases['answer']:.3f}; "
+                    f"{phases['busy']:.2f} idle {phases['idle']:.3f} ({phases['ready']:.0%} of batches ready) "
+                    f"formation {phases['formation']:.3f} answer {phases['answer']:.3f}; "
                     f"queue {phases['queue']:.2f} ms")
             else:
                 log(f"{variant.name} c={concurrency} FAILED: {run.error}")
@@ -474,7 +484,8 @@ def write_csv(path: Path, variants: list[Variant], levels: list[Level], device: 
                          "offline_rows_per_s_at_reference", "share_of_offline", "offline_max_batch_rows_per_s",
                          "offline_b1_ms", "p50_us", "p99_us", "gpu_util_pct", "cpu_us_per_infer", "mean_batch",
                          "busy_share", *(f"{role}_cpu_us_per_infer" for role in CPU_ROLES), "host_busy",
-                         *(f"batch_{phase}_ms" for phase in PHASES), "queue_ms_per_request", "error"])
+                         *(f"batch_{phase}_{'share' if phase == 'ready' else 'ms'}" for phase in PHASES),
+                         "queue_ms_per_request", "error"])
         by_name = {v.name: v for v in variants}
         for level in levels:
             v = by_name[level.variant]

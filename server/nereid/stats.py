@@ -78,8 +78,9 @@ class ModelStats:
     #: (and above the previous bound); the last slot counts longer waits.
     queue_buckets: list[int] = field(default_factory=lambda: [0] * (len(QUEUE_BUCKETS_US) + 1))
     #: nereid's scheduling view (``scheduling_json``), per batch: how long its instance was
-    #: busy with it (as the instance times it: from picking it up to handing back its split
-    #: outputs), how long the instance stood idle between the batch before and this one
+    #: busy with it (as the instance times it: a thread instance from picking it up to
+    #: handing back its split outputs, a process instance while the batch holds its turn in
+    #: the process), how long the instance stood idle between the batch before and this one
     #: when this one was ready as that one ended (the gap pipelining closes), and the
     #: event loop's time to form it and to answer its requests.
     busy: Duration = field(default_factory=Duration)

@@ -198,8 +198,9 @@ class ProcessInstance:
             self._output_fault(exc)
             return BatchOutcome(None, exc, t1 - t0, t2 - t1, time.monotonic_ns() - t2)
         self.worker.succeeded()
-        ended = time.monotonic_ns()
-        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, ended - t2, began_ns=t1, ended_ns=ended)
+        # the instance's own times (its turn), not the loop's: the loop may see the reply late
+        began, ended = reply[2]
+        return BatchOutcome(outputs, None, t1 - t0, t2 - t1, time.monotonic_ns() - t2, began_ns=began, ended_ns=ended)
 
     async def _run_triton(self, requests: Sequence[InferRequest]) -> BatchOutcome:
         """A TritonPythonModel's batch in the process: the requests go pickled, each comes

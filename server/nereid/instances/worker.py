@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -234,6 +235,7 @@ class _Worker:
         in_flight: OutputsInFlight | None = None
         error: tuple[str, str, str] | None = None
         with self.turns:
+            began = time.monotonic_ns()
             try:
                 with self.dispatch_turn:
                     raw = self._call(self.model.infer, inputs, *params)
@@ -243,6 +245,7 @@ class _Worker:
                     outputs = self.outputs(raw)
             except BaseException as exc:
                 error = self._fault("infer", exc)
+            ended = time.monotonic_ns()  # the instance is free for its next batch
         if in_flight is not None:
             try:
                 outputs = worker_outputs(in_flight.wait())
@@ -252,27 +255,30 @@ class _Worker:
         if error is not None:
             channel.send(error)
             return
-        self._send_outputs(channel, arena, "ok", outputs)
+        self._send_outputs(channel, arena, "ok", outputs, (began, ended))
 
-    def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any) -> None:
+    def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any, *times: tuple[int, int]) -> None:
         """Numpy outputs through the arena; anything else (and object arrays of other
         than bytes and str) pickled: the server checks them as for a thread instance and
-        words the error."""
+        words the error. ``times``: when the batch took its turn and gave it up, by
+        ``time.monotonic_ns`` (the machine's one monotonic clock, which the server reads
+        too), sent after the outputs: the instance's own busy time, and whether the next
+        batch waited for it or it for the next batch."""
         if isinstance(outputs, dict) and all(isinstance(v, np.ndarray) for v in outputs.values()):
             try:
                 specs = write_arrays(arena, outputs)
             except (TypeError, ValueError):  # e.g. an object array of ints: pickled below
                 pass
             else:
-                channel.send((kind, specs), arena.take_fd_to_send())
+                channel.send((kind, specs, *times), arena.take_fd_to_send())
                 return
         try:
-            channel.send((kind + "-raw", outputs))
+            channel.send((kind + "-raw", outputs, *times))
             return
         except PICKLE_ERRORS:
             pass
         try:
-            channel.send((kind + "-raw", sendable(outputs)))
+            channel.send((kind + "-raw", sendable(outputs), *times))
         except PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
             channel.send(("error", "TypeError", f"infer returned a value that cannot be sent to the server: {exc}"))
 
