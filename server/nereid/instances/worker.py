@@ -257,28 +257,31 @@ class _Worker:
             return
         self._send_outputs(channel, arena, "ok", outputs, (began, ended))
 
-    def _send_outputs(self, channel: Channel, arena: Arena, kind: str, outputs: Any, *times: tuple[int, int]) -> None:
+    def _send_outputs(
+        self, channel: Channel, arena: Arena, kind: str, outputs: Any, times: tuple[int, int] | None = None,
+    ) -> None:
         """Numpy outputs through the arena; anything else (and object arrays of other
         than bytes and str) pickled: the server checks them as for a thread instance and
         words the error. ``times``: when the batch took its turn and gave it up, by
         ``time.monotonic_ns`` (the machine's one monotonic clock, which the server reads
         too), sent after the outputs: the instance's own busy time, and whether the next
         batch waited for it or it for the next batch."""
+        tail = () if times is None else (times,)
         if isinstance(outputs, dict) and all(isinstance(v, np.ndarray) for v in outputs.values()):
             try:
                 specs = write_arrays(arena, outputs)
             except (TypeError, ValueError):  # e.g. an object array of ints: pickled below
                 pass
             else:
-                channel.send((kind, specs, *times), arena.take_fd_to_send())
+                channel.send((kind, specs, *tail), arena.take_fd_to_send())
                 return
         try:
-            channel.send((kind + "-raw", outputs, *times))
+            channel.send((kind + "-raw", outputs, *tail))
             return
         except PICKLE_ERRORS:
             pass
         try:
-            channel.send((kind + "-raw", sendable(outputs), *times))
+            channel.send((kind + "-raw", sendable(outputs), *tail))
         except PICKLE_ERRORS as exc:  # e.g. a key that cannot be pickled
             channel.send(("error", "TypeError", f"infer returned a value that cannot be sent to the server: {exc}"))
 
