@@ -353,15 +353,15 @@ def batch_phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
             old = sizes_before.get(entry["batch_size"], {}).get(key, {"count": 0, "ns": 0})
             figures.append({"count": entry[key]["count"] - old["count"], "ns": entry[key]["ns"] - old["ns"]})
         phases[phase] = per_batch(figures)
-    for phase, key in (("busy", "instance_busy"), ("idle", "instance_idle_between_batches"),
-                       ("formation", "batch_formation"), ("answer", "batch_answer")):
-        phases[phase] = per_batch([delta(("scheduling", key))]) if "scheduling" in after else math.nan
     if "scheduling" in after:
-        batches = delta(("scheduling", "instance_busy"))["count"]
-        ready = delta(("scheduling", "instance_idle_between_batches"))["count"]
-        phases["ready"] = ready / batches if batches else math.nan
-    else:
-        phases["ready"] = math.nan
+        scheduling = {phase: delta(("scheduling", key)) for phase, key in (
+            ("busy", "instance_busy"), ("idle", "instance_idle_between_batches"),
+            ("formation", "batch_formation"), ("answer", "batch_answer"))}
+        phases.update((phase, per_batch([figure])) for phase, figure in scheduling.items())
+        batches = scheduling["busy"]["count"]
+        phases["ready"] = scheduling["idle"]["count"] / batches if batches else math.nan
+    else:  # a build without nereid's scheduling figures
+        phases.update(dict.fromkeys(("busy", "idle", "formation", "answer", "ready"), math.nan))
     phases["queue"] = per_batch([delta(("inference_stats", "queue"))])
     return phases
 

@@ -279,15 +279,7 @@ class RequestQueue(Generic[Entry]):
             if pending + cost > self.max_batch_size and (not items or item.signature == signature):
                 cut = self._part_that_fits(item, self.max_batch_size - pending)
                 if cut:
-                    part_cost = cost // item.count * cut
-                    if pending + part_cost > self.max_preferred and best_count == 0:
-                        best_count = len(items)
-                    items.append(item)
-                    pending += part_cost
-                    if pending in self.preferred:
-                        best_count = len(items)
-                    send_now = True
-                    break
+                    cost = cost // item.count * cut  # the part that fits: the batch ends with it
             if items:
                 if pending + cost > self.max_preferred and best_count == 0:
                     best_count = len(items)
@@ -300,7 +292,7 @@ class RequestQueue(Generic[Entry]):
             pending += cost
             if pending in self.preferred:
                 best_count = len(items)
-            if pending >= self.max_batch_size:
+            if cut or pending >= self.max_batch_size:
                 send_now = True
                 break
         if not items:

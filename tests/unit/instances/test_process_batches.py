@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import select
-import textwrap
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from nereid.config import parse_model_config
-from nereid.context import ModelContext
 from nereid.inference import InferRequest
 from nereid.instances.process import ProcessInstance
+from tests.unit.instances.model_folder import model_folder
 from tests.waiting import MODEL_GATE, WAIT_TIMEOUT_S, wait_until_async
 
 CONFIG = """
@@ -53,13 +50,7 @@ class Model:
 
 
 def instance(tmp_path: Path) -> ProcessInstance:
-    folder = tmp_path / "m" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(textwrap.dedent(TIMED_MODEL))
-    config = parse_model_config(tomllib.loads(CONFIG), source="m/config.toml", folder_name="m")
-    context = ModelContext(model_name="m", model_version=1, instance_name="m_0", device="cpu", kind="CPU",
-                           config={}, parameters={}, model_dir=folder)
-    return ProcessInstance(folder / "model.py", context, config)
+    return ProcessInstance(*model_folder(tmp_path, TIMED_MODEL, CONFIG))
 
 
 def test_a_batch_is_timed_by_its_process_not_by_the_loop_that_reads_its_reply(tmp_path: Path) -> None:

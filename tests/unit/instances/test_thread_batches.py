@@ -5,19 +5,16 @@ raises fails that batch only, and comes back in the outcome with the model named
 from __future__ import annotations
 
 import asyncio
-import textwrap
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from nereid.config import parse_model_config
-from nereid.context import ModelContext
 from nereid.faults import FaultLog
 from nereid.inference import InferRequest
 from nereid.instances.thread import ModelInstance
 from nereid.repository.model_file import load_model_class
+from tests.unit.instances.model_folder import model_folder
 
 CONFIG = """
 name = "m"
@@ -51,13 +48,8 @@ ASYNC_MODEL = SYNC_MODEL.replace("    def infer(self, inputs):", "    async def 
 
 
 def instance(tmp_path: Path, model: str) -> ModelInstance:
-    folder = tmp_path / "m" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(textwrap.dedent(model))
-    config = parse_model_config(tomllib.loads(CONFIG), source="m/config.toml", folder_name="m")
-    context = ModelContext(model_name="m", model_version=1, instance_name="m_0", device="cpu", kind="CPU",
-                           config={}, parameters={}, model_dir=folder)
-    return ModelInstance(load_model_class(folder / "model.py", "m", 1), context, config, FaultLog())
+    model_file, context, config = model_folder(tmp_path, model, CONFIG)
+    return ModelInstance(load_model_class(model_file, "m", 1), context, config, FaultLog())
 
 
 def request(*values: int) -> InferRequest:
@@ -148,13 +140,8 @@ def test_infer_runs_inside_the_instance_dispatch_turn_and_the_outputs_are_split_
     before the call, given back once it returns, before the outputs are brought back."""
     async def main() -> None:
         turn = _Turn()
-        folder = tmp_path / "m" / "1"
-        folder.mkdir(parents=True)
-        (folder / "model.py").write_text(COUNTING_MODEL)
-        config = parse_model_config(tomllib.loads(CONFIG), source="m/config.toml", folder_name="m")
-        context = ModelContext(model_name="m", model_version=1, instance_name="m_0", device="cpu", kind="CPU",
-                               config={}, parameters={}, model_dir=folder)
-        running = turn.running = ModelInstance(load_model_class(folder / "model.py", "m", 1), context, config,
+        model_file, context, config = model_folder(tmp_path, COUNTING_MODEL, CONFIG)
+        running = turn.running = ModelInstance(load_model_class(model_file, "m", 1), context, config,
                                                FaultLog(), dispatch_turn=turn)
         await running.start()
         outcome = await running.run_batch([request(1)])
